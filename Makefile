@@ -1,0 +1,35 @@
+# Two entry points on a fresh machine: `make demo` and `make test`.
+# The venv gets the pinned CPU torch first so pip never resolves an unpinned (CUDA) torch.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench-cpu bench-hook clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/jit_demo.py
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+
+bench-cpu: $(STAMP)
+	$(PY) benchmarks/cpu_suite.py
+
+bench-hook: $(STAMP)
+	$(PY) benchmarks/hook_overhead.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Ahead-of-time tuning: the Module proxy, tune(), save() and load()."""
