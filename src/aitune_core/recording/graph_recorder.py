@@ -1,0 +1,235 @@
+"""`GraphRecorder`: turns a module's calls into graphs (GraphSpec) and a bounded set of samples per graph.
+
+Per call: bind `(args, kwargs)` to forward's signature, flatten the bound arguments, compute the
+graph identity (layout, tensor ranks and dtypes, and the non-tensor values in strict mode), then
+update that graph's running shape statistics (min/max per axis, batch-size following) from every
+call, and offer the call to the graph's bounded sample store.
+
+Graph names are "0", "1", ... in order of first observation. The returned `GraphSpec` objects are
+immutable snapshots; a new one replaces the old in `graph_specs` when a range or an axis name changes.
+
+Thread-safe: the state of every graph is updated under one lock; binding and flattening (pure) run
+outside it. `match` and `graph_specs` read a snapshot and take no lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from aitune_core.config import config
+from aitune_core.context import current_batch_size
+from aitune_core.log import get_logger
+from aitune_core.recording.sample import Sample
+from aitune_core.recording.sample_store import SampleStore
+from aitune_core.specs.axis_inference import BatchEvidence, ShapeTracker, implied_batch_size
+from aitune_core.specs.binding import Binder
+from aitune_core.specs.graph_spec import GraphSpec
+from aitune_core.specs.sample_metadata import SampleMetadata, call_identity
+from aitune_core.specs.tree import flatten_values
+
+_logger = get_logger("recording")
+
+
+@dataclass
+class _GraphState:
+    name: str
+    binder: Binder
+    input_meta: SampleMetadata
+    output_meta: SampleMetadata
+    output_identity: tuple[Any, ...]
+    input_trackers: list[ShapeTracker]
+    output_trackers: list[ShapeTracker]
+    evidence: BatchEvidence
+    store: SampleStore
+    spec: GraphSpec
+    mode: str | None = None
+    num_calls: int = 0
+    warned_output: bool = False
+
+
+def _shapes(values: Sequence[Any]) -> list[tuple[int, ...]]:
+    return [tuple(v.shape) for v in values if isinstance(v, torch.Tensor)]
+
+
+class GraphRecorder:
+    """Records calls of one forward into graphs.
+
+    Args:
+        forward: the module (its `forward` is used) or the callable whose signature binds the calls.
+        strict: graph identity includes non-tensor values; default `config.strict_mode` (read now).
+        max_samples: samples kept per graph; default `config.max_num_samples_stored` (read now).
+        name: used in log messages only.
+    """
+
+    def __init__(
+        self,
+        forward: Callable[..., Any],
+        *,
+        strict: bool | None = None,
+        max_samples: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.binder = Binder.from_callable(forward)
+        self.strict = config.strict_mode if strict is None else bool(strict)
+        self.max_samples = config.max_num_samples_stored if max_samples is None else int(max_samples)
+        if self.max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
+        self.name = name
+        self._lock = threading.Lock()
+        self._graphs: dict[tuple[Any, ...], _GraphState] = {}
+        self._by_name: dict[str, _GraphState] = {}
+        self._specs: list[GraphSpec] = []  # replaced, never mutated: a snapshot for lock-free readers
+        self._total_calls = 0
+
+    # -- recording --------------------------------------------------------------------------------
+    def _bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Binder, dict[str, Any]]:
+        try:
+            return self.binder, self.binder.bind(args, kwargs)
+        except TypeError:
+            # The call ran, so Python accepted it; our reading of the signature did not (e.g. a
+            # decorator that hides the real one). Record it under the generic (*args, **kwargs) binder.
+            generic = Binder.generic()
+            return generic, generic.bind(args, kwargs)
+
+    def record(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], output: Any, batch_size: int | None = None
+    ) -> GraphSpec:
+        """Record one call and its output; returns the (updated) spec of the call's graph.
+
+        `batch_size` None means "take it from the global context" (`current_batch_size()`), which is
+        None too in JIT mode.
+        """
+        if batch_size is None:
+            batch_size = current_batch_size()
+        args = tuple(args)
+        kwargs = dict(kwargs)
+        binder, bound = self._bind(args, kwargs)
+        in_values, in_treedef = flatten_values(bound)
+        out_values, out_treedef = flatten_values(output)
+        identity = (binder, *call_identity(in_values, in_treedef, self.strict))
+        out_identity = call_identity(out_values, out_treedef, strict=False)
+        in_shapes = _shapes(in_values)
+        out_shapes = _shapes(out_values)
+        implied = implied_batch_size(in_shapes)
+
+        with self._lock:
+            self._total_calls += 1
+            state = self._graphs.get(identity)
+            if state is None:
+                state = self._new_graph(identity, binder, in_values, in_treedef, out_values, out_treedef, out_identity)
+            state.num_calls += 1
+            state.evidence.observe(batch_size, implied)
+            changed = False
+            for tracker, shape in zip(state.input_trackers, in_shapes):
+                changed |= tracker.observe(shape, batch_size, implied)
+            if out_identity == state.output_identity:
+                for tracker, shape in zip(state.output_trackers, out_shapes):
+                    changed |= tracker.observe(shape, batch_size, implied)
+            elif not state.warned_output:
+                state.warned_output = True
+                _logger.warning(
+                    "%sgraph %s: the output structure changed between calls with the same inputs "
+                    "(data-dependent outputs); output ranges keep the first structure, and backends "
+                    "will fail validation on such calls",
+                    f"{self.name}: " if self.name else "",
+                    state.name,
+                )
+            mode = state.evidence.mode
+            if changed or mode != state.mode:
+                state.mode = mode
+                self._refresh_spec(state)
+            state.store.offer(in_shapes, batch_size, lambda: Sample.capture(args, kwargs, output, batch_size))
+            return state.spec
+
+    def _new_graph(
+        self,
+        identity: tuple[Any, ...],
+        binder: Binder,
+        in_values: list[Any],
+        in_treedef: Any,
+        out_values: list[Any],
+        out_treedef: Any,
+        out_identity: tuple[Any, ...],
+    ) -> _GraphState:
+        name = str(len(self._graphs))
+        input_meta = SampleMetadata.from_leaves(in_values, in_treedef)
+        output_meta = SampleMetadata.from_leaves(out_values, out_treedef, names_prefix="outputs")
+        spec = GraphSpec(name, input_meta, output_meta, binder, self.strict)
+        state = _GraphState(
+            name=name,
+            binder=binder,
+            input_meta=input_meta,
+            output_meta=output_meta,
+            output_identity=out_identity,
+            input_trackers=[ShapeTracker(t.min_shape) for t in input_meta.tensors],
+            output_trackers=[ShapeTracker(t.min_shape) for t in output_meta.tensors],
+            evidence=BatchEvidence(),
+            store=SampleStore(self.max_samples),
+            spec=spec,
+        )
+        self._graphs[identity] = state
+        self._by_name[name] = state
+        self._specs = [*self._specs, spec]
+        _logger.debug("%snew graph %s", f"{self.name}: " if self.name else "", name)
+        return state
+
+    @staticmethod
+    def _updated(meta: SampleMetadata, trackers: list[ShapeTracker], mode: str | None) -> SampleMetadata:
+        return meta.with_tensors(
+            [
+                replace(spec, shape=tr.axes(mode), min_shape=tuple(tr.min_shape), max_shape=tuple(tr.max_shape))
+                for spec, tr in zip(meta.tensors, trackers)
+            ]
+        )
+
+    def _refresh_spec(self, state: _GraphState) -> None:
+        spec = GraphSpec(
+            state.name,
+            self._updated(state.input_meta, state.input_trackers, state.mode),
+            self._updated(state.output_meta, state.output_trackers, state.mode),
+            state.binder,
+            self.strict,
+        )
+        state.spec = spec
+        self._specs = [spec if s.name == state.name else s for s in self._specs]
+
+    # -- queries ----------------------------------------------------------------------------------
+    @property
+    def graph_specs(self) -> list[GraphSpec]:
+        """Current spec of every graph, in order of first observation."""
+        return list(self._specs)
+
+    @property
+    def total_calls(self) -> int:
+        return self._total_calls
+
+    def _state(self, graph_spec: GraphSpec | str) -> _GraphState:
+        name = graph_spec if isinstance(graph_spec, str) else graph_spec.name
+        state = self._by_name.get(name)
+        if state is None:
+            raise KeyError(f"no graph named {name!r} was recorded")
+        return state
+
+    def graph_spec(self, name: str) -> GraphSpec:
+        return self._state(name).spec
+
+    def samples(self, graph_spec: GraphSpec | str) -> list[Sample]:
+        """The stored samples of a graph (at most `max_samples`), in recording order."""
+        with self._lock:
+            return self._state(graph_spec).store.samples()
+
+    def num_samples(self, graph_spec: GraphSpec | str) -> int:
+        """How many calls were recorded for a graph (every call, not only the stored ones)."""
+        return self._state(graph_spec).num_calls
+
+    def match(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> GraphSpec | None:
+        """The first graph that `accepts` the call (identity matches and shapes are in range), or None."""
+        for spec in self._specs:
+            if spec.accepts(args, kwargs):
+                return spec
+        return None
