@@ -1,0 +1,96 @@
+import json
+
+import pytest
+import torch
+
+from aitune_core.recording.graph_recorder import GraphRecorder
+from aitune_core.specs.graph_spec import GraphSpec
+
+
+def forward(x, mask=None, mode="sum"):
+    return x
+
+
+def _spec(strict=True):
+    recorder = GraphRecorder(forward, strict=strict)
+    for batch, length in ((1, 10), (4, 50)):
+        recorder.record((torch.randn(batch, length, 8),), {"mode": "sum"}, torch.randn(batch, 8), batch_size=batch)
+    return recorder.graph_specs[0]
+
+
+def test_recorded_spec_shape():
+    spec = _spec()
+    x = spec.input_spec.tensors[0]
+    assert (x.name, x.locator, x.shape) == ("x", "['x']", ("batch0", "dim1", 8))
+    assert (x.min_shape, x.max_shape) == ((1, 10, 8), (4, 50, 8))
+    assert spec.non_static_axes() == {"x": [0, 1]}
+    assert spec.has_batch_axis()
+    assert spec.output_spec.tensors[0].shape == ("batch0", 8)
+
+
+def test_accepts_inside_and_outside_range():
+    spec = _spec()
+    assert spec.accepts((torch.randn(2, 30, 8),), {"mode": "sum"})
+    assert spec.accepts((), {"x": torch.randn(4, 10, 8), "mode": "sum"})  # keyword form, range edges
+    assert not spec.accepts((torch.randn(5, 30, 8),), {"mode": "sum"})  # batch above max
+    assert not spec.accepts((torch.randn(2, 9, 8),), {"mode": "sum"})  # dynamic below min
+    assert not spec.accepts((torch.randn(2, 30, 16),), {"mode": "sum"})  # static axis differs
+    assert not spec.accepts((torch.randn(2, 30),), {"mode": "sum"})  # rank
+    assert not spec.accepts((torch.randn(2, 30, 8, dtype=torch.float64),), {"mode": "sum"})  # dtype
+    assert not spec.accepts((torch.randn(2, 30, 8),), {"mode": "mean"})  # strict constant
+    assert not spec.accepts((torch.randn(2, 30, 8),), {})  # different set of arguments
+    assert not spec.accepts((torch.randn(2, 30, 8), None, "sum", 1), {})  # does not bind
+
+
+def test_non_strict_ignores_constants():
+    spec = _spec(strict=False)
+    assert spec.accepts((torch.randn(2, 30, 8),), {"mode": "mean"})
+
+
+def test_mismatch_names_the_shape():
+    spec = _spec()
+    assert spec.mismatch((torch.randn(2, 30, 8),), {"mode": "sum"}) is None
+    reason = spec.mismatch((torch.randn(9, 30, 8),), {"mode": "sum"})
+    assert "x" in reason and "[9, 30, 8]" in reason and "[1, 10, 8]..[4, 50, 8]" in reason
+    assert "strict" in spec.mismatch((torch.randn(2, 30, 8),), {"mode": "max"})
+
+
+def test_json_round_trip_keeps_equality_and_behaviour():
+    spec = _spec()
+    again = GraphSpec.from_dict(json.loads(json.dumps(spec.to_dict())))
+    assert again == spec
+    assert again.to_dict() == spec.to_dict()
+    assert again.input_spec.tensors[0].dtype is torch.float32
+    assert again.accepts((torch.randn(2, 30, 8),), {"mode": "sum"})
+    assert not again.accepts((torch.randn(2, 30, 8),), {"mode": "mean"})
+    assert again.table() == spec.table()
+
+
+def test_input_tensors_in_spec_order():
+    spec = _spec()
+    x = torch.randn(2, 30, 8)
+    tensors = spec.input_tensors((), {"mode": "sum", "x": x})
+    assert len(tensors) == 1 and tensors[0] is x
+
+
+def test_default_binder_is_generic():
+    from aitune_core.specs.sample_metadata import SampleMetadata
+
+    inputs = SampleMetadata.from_value({"args": (torch.ones(2),)})
+    spec = GraphSpec("0", inputs, SampleMetadata.from_value(torch.ones(2), names_prefix="outputs"))
+    assert spec.input_spec.names == ["args_0"]
+    assert spec.accepts((torch.zeros(2),), {})
+    assert not spec.accepts((torch.zeros(3),), {})
+
+
+@pytest.mark.parametrize("calls", [1000])
+def test_accepts_is_cheap(calls):
+    import time
+
+    spec = _spec()
+    x = torch.randn(2, 30, 8)
+    start = time.perf_counter()
+    for _ in range(calls):
+        spec.accepts((x,), {"mode": "sum"})
+    per_call = (time.perf_counter() - start) / calls
+    assert per_call < 200e-6, f"accepts took {per_call * 1e6:.1f}us per call"

@@ -1,0 +1,58 @@
+import logging
+import time
+
+import pytest
+from rich.table import Table
+
+from aitune_core.log import SEPARATOR, THIN_SEPARATOR, format_duration, get_logger, log_separator, render_to_str, timed
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(114.0, "1.90min"), (19.7, "19.70s"), (0.04756, "47.56ms"), (60.0, "1.00min"), (1.0, "1.00s")],
+)
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_logger_names():
+    assert get_logger("backend").name == "aitune.backend"
+    assert get_logger().name == "aitune"
+    assert get_logger("aitune.jit").name == "aitune.jit"
+    assert get_logger("aitune_core.specs.tree").name == "aitune.core.specs.tree"
+
+
+def test_timed_logs_completion_line(caplog):
+    logger = get_logger("test")
+    with caplog.at_level(logging.INFO, logger="aitune"):
+        with timed(logger, "Tune `X`") as timer:
+            time.sleep(0.01)
+        with timed(logger):
+            pass
+    assert timer.elapsed is not None and timer.elapsed >= 0.01
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("⏱️ Tune `X`: completed in ") and messages[0].endswith("ms")
+    assert messages[1].startswith("⏱️ completed in ")
+
+
+def test_timed_logs_even_on_error(caplog):
+    with caplog.at_level(logging.INFO, logger="aitune"), pytest.raises(KeyError), timed(get_logger("t"), "step"):
+        raise KeyError
+    assert "step: completed in" in caplog.records[-1].getMessage()
+
+
+def test_separators(caplog):
+    assert SEPARATOR == "═" * 64 and THIN_SEPARATOR == "-" * 60
+    with caplog.at_level(logging.INFO, logger="aitune"):
+        log_separator(get_logger("t"))
+        log_separator(get_logger("t"), thin=True)
+    assert [r.getMessage() for r in caplog.records] == [SEPARATOR, THIN_SEPARATOR]
+
+
+def test_render_to_str_is_plain_text():
+    table = Table("A", "B")
+    table.add_row("[red]x[/red]", "y" * 150)
+    text = render_to_str(table)
+    assert "\x1b[" not in text
+    assert "A" in text and "x" in text
+    assert max(len(line) for line in text.splitlines()) <= 160
