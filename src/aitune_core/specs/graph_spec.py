@@ -17,7 +17,7 @@ from aitune_core.specs.binding import Binder
 from aitune_core.specs.sample_metadata import SampleMetadata, constant_key
 from aitune_core.specs.tree import TENSOR, flatten_values
 
-# (tensor leaf?, index into leaves, ...) checks precomputed per GraphSpec for `accepts`
+# (leaf index, ndim, dtype, min shape, max shape): per input tensor, precomputed for `accepts`
 _TensorCheck = tuple[int, int, torch.dtype, tuple[int, ...], tuple[int, ...]]
 
 

@@ -13,15 +13,14 @@ Shapes within a rank are not part of identity: they are ranges (see `axis_infere
 from __future__ import annotations
 
 import enum
-import importlib
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from aitune_core.specs.tensor_spec import TensorSpec
-from aitune_core.specs.tree import TENSOR, TreeDef, flatten_values, unflatten
+from aitune_core.specs.tensor_spec import TensorSpec, dtype_from_str
+from aitune_core.specs.tree import TENSOR, TreeDef, flatten_values, import_type, type_path, unflatten
 
 DEFAULT_NAME = "value"
 
@@ -44,10 +43,6 @@ class OpaqueConstant:
         return f"<{self.key[-1]}>" if self.key else "<opaque>"
 
 
-def _type_path(cls: type) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
 def constant_key(value: Any) -> Hashable:
     """The part of a non-tensor leaf that takes part in strict-mode graph identity."""
     cls = type(value)
@@ -66,10 +61,10 @@ def constant_key(value: Any) -> Hashable:
     if isinstance(value, torch.device):
         return ("device", str(value))
     if isinstance(value, enum.Enum):
-        return ("enum", _type_path(cls), value.name)
+        return ("enum", type_path(cls), value.name)
     if isinstance(value, OpaqueConstant):
         return value.key
-    return ("type", _type_path(cls))
+    return ("type", type_path(cls))
 
 
 def encode_constant(value: Any) -> Any:
@@ -80,14 +75,6 @@ def encode_constant(value: Any) -> Any:
         return value
     key = constant_key(value)
     return {"key": [list(k) if isinstance(k, tuple) else k for k in key]}
-
-
-def _import(path: str) -> Any:
-    module_name, _, qualname = path.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def decode_constant(data: Any) -> Any:
@@ -102,14 +89,14 @@ def decode_constant(data: Any) -> Any:
     if tag == "size":
         return torch.Size(key[1])
     if tag == "dtype":
-        return getattr(torch, key[1].split(".", 1)[1])
+        return dtype_from_str(key[1])
     if tag == "device":
         return torch.device(key[1])
     if tag == "enum":
-        try:
-            return _import(key[1])[key[2]]
-        except Exception:
-            return OpaqueConstant(key)
+        enum_cls = import_type(key[1])
+        if enum_cls is not None and issubclass(enum_cls, enum.Enum) and key[2] in enum_cls.__members__:
+            return enum_cls[key[2]]
+        return OpaqueConstant(key)
     return OpaqueConstant(key)
 
 

@@ -52,11 +52,13 @@ _KEY_KINDS = (DICT, MAPPING)
 _SIMPLE_CONST_TYPES = (int, float, bool, str, bytes, complex, type(None))
 
 
-def _type_path(cls: type) -> str:
+def type_path(cls: type) -> str:
+    """`module:qualname` of a class, the form `import_type` reads back."""
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def _import_type(path: str | None) -> type | None:
+def import_type(path: str | None) -> type | None:
+    """The class at a `type_path`, or None when it cannot be imported (`<locals>` classes, moved modules)."""
     if not path:
         return None
     module_name, _, qualname = path.partition(":")
@@ -64,7 +66,7 @@ def _import_type(path: str | None) -> type | None:
         obj: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             obj = getattr(obj, part)
-    except Exception:  # <locals> classes, renamed or missing modules
+    except Exception:
         return None
     return obj if isinstance(obj, type) else None
 
@@ -191,7 +193,7 @@ class TreeDef:
             kind,
             tuple(cls.from_dict(c) for c in data.get("children", ())),
             tuple(_decode_key(k) for k in data.get("keys", ())),
-            _import_type(type_name),
+            import_type(type_name),
             type_name,
         )
 
@@ -259,19 +261,19 @@ def _flatten_into(value: Any, out: list[Any]) -> TreeDef:
     if kind is TUPLE or kind is LIST:
         children = tuple(_flatten_into(item, out) for item in value)
         exact = cls is tuple or cls is list
-        return TreeDef(kind, children, (), None if exact else cls, None if exact else _type_path(cls))
+        return TreeDef(kind, children, (), None if exact else cls, None if exact else type_path(cls))
     if kind is NAMEDTUPLE:
         children = tuple(_flatten_into(item, out) for item in value)
-        return TreeDef(kind, children, tuple(cls._fields), cls, _type_path(cls))
+        return TreeDef(kind, children, tuple(cls._fields), cls, type_path(cls))
     if kind is DICT or kind is MAPPING or kind is MODEL_OUTPUT:
         keys = tuple(value.keys())
         children = tuple(_flatten_into(value[k], out) for k in keys)
         exact = cls is dict
-        return TreeDef(kind, children, keys, None if exact else cls, None if exact else _type_path(cls))
+        return TreeDef(kind, children, keys, None if exact else cls, None if exact else type_path(cls))
     # dataclass
     names = tuple(f.name for f in dataclasses.fields(value))
     children = tuple(_flatten_into(getattr(value, n), out) for n in names)
-    return TreeDef(kind, children, names, cls, _type_path(cls))
+    return TreeDef(kind, children, names, cls, type_path(cls))
 
 
 def flatten_values(value: Any) -> tuple[list[Any], TreeDef]:
