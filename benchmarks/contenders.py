@@ -1,0 +1,322 @@
+"""The contenders of a benchmark case (one model at one batch size and precision) and how each is run.
+
+In-process (this process, the same inputs, the same timing code):
+  eager                               the model as built
+  compile:<mode>                      torch.compile(model, mode=...) after torch._dynamo.reset()
+  aitune-aot                          aitune.torch.Module + aitune.torch.tune with HighestThroughputStrategy()
+In a subprocess running the plain workload script benchmarks/workloads/serve.py:
+  aitune-jit                          the same script with AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning
+  eager (workload)                    the same script without it: the JIT's like-for-like eager baseline
+
+Every contender is checked on fresh inputs (seeds not used for timing) against the fp32 eager output of
+this process: `rel_err` is the largest ||out - ref|| / ||ref|| over the check seeds.
+
+Only the public aitune API is used (`aitune.torch`), imported lazily so that the eager and torch.compile
+contenders run in a process untouched by aitune.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import models
+import timing
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+JIT_ENV = {"AUTOWRAPT_BOOTSTRAP": "aitune_enable_jit_tuning"}
+# The JIT's opt-in precision, read from the environment by the JIT config (the workload stays unmodified).
+JIT_PRECISION_ENV = "AITUNE_JIT_PRECISION"
+WORKLOAD = Path(__file__).resolve().parent / "workloads" / "serve.py"
+
+
+@dataclasses.dataclass
+class Settings:
+    device: str
+    precision: str = "fp32"  # "fp32" or "bf16" (autocast)
+    warmup: int = 20
+    iters: int = 100
+    settle: int = 20
+    max_warmup_s: float = 120.0
+    n_inputs: int = 4
+    check_seeds: tuple[int, ...] = (1000, 1001)
+    workload_timeout_s: float = 420.0
+    work_dir: Path = Path("benchmarks/results")
+
+    @property
+    def autocast(self) -> str:
+        return "bf16" if self.precision == "bf16" else "none"
+
+
+@dataclasses.dataclass
+class Case:
+    """One model at one batch size, with its inputs and the fp32 eager reference outputs."""
+
+    built: models.BuiltModel
+    inputs: list[models.Batch]  # on the device, seeds 0..n_inputs-1
+    check_inputs: list[models.Batch]  # on the device, the check seeds
+    reference: list[torch.Tensor]  # fp32 eager primary outputs for check_inputs, on the CPU
+    checksum: float
+
+
+def row_template(case_or_name: Any, batch: int, precision: str, contender: str) -> dict[str, Any]:
+    if isinstance(case_or_name, Case):
+        model, source = case_or_name.built.name, case_or_name.built.source
+    else:
+        model, source = case_or_name, None
+    return {"model": model, "model_source": source, "batch": batch, "precision": precision,
+            "contender": contender, "status": "ok", "reason": None}
+
+
+def skipped(row: dict[str, Any], reason: str, status: str = "skipped") -> dict[str, Any]:
+    row.update(status=status, reason=reason)
+    return row
+
+
+def fill_serve(row: dict[str, Any], batch: int, served: dict[str, Any]) -> dict[str, Any]:
+    """Copy a ServeResult dict (timing.ServeResult.to_dict) into a result row."""
+    stats = served["stats"]
+    row.update(
+        median_ms=stats["median_ms"], p10_ms=stats["p10_ms"], p90_ms=stats["p90_ms"],
+        throughput=timing.throughput(batch, stats["median_ms"]),
+        first_call_s=served["first_call_s"], time_to_steady_s=served["time_to_steady_s"],
+        settled=served["settled"], slow_timed_calls=served["slow_timed_calls"], n_warmup=served["n_warmup"],
+        series={"warmup_ms": served.get("warmup_ms"), "timed_ms": served.get("timed_ms")},
+    )
+    return row
+
+
+def fill_check(row: dict[str, Any], outputs: list[torch.Tensor], reference: list[torch.Tensor]) -> dict[str, Any]:
+    errs = [timing.relative_error(o, r) for o, r in zip(outputs, reference, strict=True)]
+    row.update(rel_err=max(e[0] for e in errs), max_abs_err=max(e[1] for e in errs))
+    return row
+
+
+def free_memory() -> None:
+    torch._dynamo.reset()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def make_case(name: str, batch: int, settings: Settings) -> Case:
+    built = models.build(name, batch)
+    checksum = models.weights_checksum(built.module)
+    device = torch.device(settings.device)
+    built.module.to(device)
+    inputs = [built.make_inputs(seed).to(device) for seed in range(settings.n_inputs)]
+    check_inputs = [built.make_inputs(seed).to(device) for seed in settings.check_seeds]
+    with torch.no_grad():
+        reference = [models.primary_output(built.module(*b.args, **b.kwargs)).float().cpu() for b in check_inputs]
+    return Case(built, inputs, check_inputs, reference, checksum)
+
+
+def _caller(target: Callable[..., Any], settings: Settings) -> Callable[[models.Batch], Any]:
+    device_type = torch.device(settings.device).type
+    if settings.autocast == "bf16":
+        def call(b: models.Batch) -> Any:
+            with torch.autocast(device_type, dtype=torch.bfloat16):
+                return target(*b.args, **b.kwargs)
+    else:
+        def call(b: models.Batch) -> Any:
+            return target(*b.args, **b.kwargs)
+    return call
+
+
+def _serve_and_check(row: dict[str, Any], case: Case, target: Callable[..., Any], settings: Settings) -> None:
+    call = _caller(target, settings)
+    with torch.no_grad():
+        served = timing.serve_loop(
+            call, case.inputs, settings.device, warmup=settings.warmup, iters=settings.iters,
+            settle=settings.settle, max_warmup_s=settings.max_warmup_s,
+        )
+        outputs = [models.primary_output(call(b)).detach().float().cpu().clone() for b in case.check_inputs]
+    fill_serve(row, case.built.batch, served.to_dict())
+    fill_check(row, outputs, case.reference)
+
+
+def _guarded(row: dict[str, Any], body: Callable[[], None]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    try:
+        body()
+    except Exception as exc:  # a contender that fails is a result, not the end of the suite
+        skipped(row, f"{type(exc).__name__}: {exc}".splitlines()[0][:300], status="failed")
+        row["traceback"] = traceback.format_exc()[-4000:]
+    finally:
+        row["wall_s"] = time.perf_counter() - t0
+        free_memory()
+    return row
+
+
+def run_eager(case: Case, settings: Settings) -> dict[str, Any]:
+    row = row_template(case, case.built.batch, settings.precision, "eager")
+    return _guarded(row, lambda: _serve_and_check(row, case, case.built.module, settings))
+
+
+def run_compile(case: Case, settings: Settings, mode: str) -> dict[str, Any]:
+    row = row_template(case, case.built.batch, settings.precision, f"compile:{mode}")
+
+    def body() -> None:
+        torch._dynamo.reset()
+        compiled = torch.compile(case.built.module, mode=mode)
+        _serve_and_check(row, case, compiled, settings)
+
+    return _guarded(row, body)
+
+
+# ----------------------------------------------------------------------------------------------------- AOT
+
+
+def aitune_available() -> str | None:
+    """None when `aitune.torch` imports; otherwise the reason."""
+    if importlib.util.find_spec("aitune") is None:
+        return "aitune is not installed"
+    try:
+        import aitune.torch  # noqa: F401
+    except Exception as exc:
+        return f"import aitune.torch failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def aot_sample_dataset(case: Case, seeds: range, device: torch.device | str) -> list[Any]:
+    """Unbatched samples (what `aitune.torch.tune` collates) cut from the seeded input batches."""
+    samples = []
+    for seed in seeds:
+        batch = case.built.make_inputs(seed).to(device)
+        for i in range(case.built.batch):
+            if batch.kwargs:
+                samples.append({k: v[i] for k, v in batch.kwargs.items()})
+            else:
+                samples.append(tuple(a[i] for a in batch.args))
+    return samples
+
+
+def run_aot(name: str, batch: int, settings: Settings) -> dict[str, Any]:
+    """aitune AOT with HighestThroughputStrategy on a freshly built copy of the model (same seed, same weights).
+
+    The AOT wrapper replaces the module's forward, so it gets its own model object; the reference outputs
+    are the fp32 eager outputs of that copy before wrapping (equal weights, checked by checksum).
+    """
+    row = row_template(name, batch, settings.precision, "aitune-aot")
+    reason = aitune_available()
+    if reason:
+        return skipped(row, reason, status="not available")
+    if settings.precision != "fp32":
+        return skipped(row, "the bf16 comparison is the JIT (precision='bf16') against torch.compile under autocast")
+
+    def body() -> None:
+        import aitune.torch as ait
+
+        case = make_case(name, batch, settings)
+        row["model_source"] = case.built.source
+        # Static shapes at the served batch size, as torch.compile sees them: tune on that batch size only.
+        dataset = aot_sample_dataset(case, range(settings.n_inputs), settings.device)
+        module = ait.Module(case.built.module, f"bench-{name}-b{batch}", strategy=ait.HighestThroughputStrategy())
+        t0 = time.perf_counter()
+        ait.tune(module, dataset, batch_sizes=[batch])
+        row["tune_s"] = time.perf_counter() - t0
+        _serve_and_check(row, case, module, settings)
+
+    return _guarded(row, body)
+
+
+# ------------------------------------------------------------------------------------------ subprocesses
+
+
+def workload_env(extra: dict[str, str], cache_dir: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("AUTOWRAPT_BOOTSTRAP", JIT_PRECISION_ENV)}
+    env.update(extra)
+    if cache_dir is not None:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_workload(
+    case: Case, settings: Settings, contender: str, *, jit: bool, cache_dir: Path | None, timeout_s: float,
+    tag: str,
+) -> dict[str, Any]:
+    """Run benchmarks/workloads/serve.py in a subprocess and turn its JSON into a result row."""
+    name, batch = case.built.name, case.built.batch
+    row = row_template(case, batch, settings.precision, contender)
+    settings.work_dir.mkdir(parents=True, exist_ok=True)
+    stem = settings.work_dir / f"{tag}-{name}-b{batch}-{settings.precision}-{contender.replace(' ', '_')}"
+    out_json, out_pt, log = stem.with_suffix(".json.part"), stem.with_suffix(".pt"), stem.with_suffix(".log")
+    extra: dict[str, str] = {}
+    if jit:
+        extra.update(JIT_ENV)
+        if settings.precision == "bf16":
+            extra[JIT_PRECISION_ENV] = "bf16"
+    cmd = [
+        sys.executable, str(WORKLOAD), "--model", name, "--batch", str(batch), "--device", settings.device,
+        "--warmup", str(settings.warmup), "--iters", str(settings.iters), "--settle", str(settings.settle),
+        "--max-warmup-s", str(max(settings.max_warmup_s, timeout_s - 60)), "--n-inputs", str(settings.n_inputs),
+        "--check-seeds", *map(str, settings.check_seeds), "--check-out", str(out_pt), "--out", str(out_json),
+        # the JIT tunes the user's fp32 script (its precision comes from the env); eager gets the same autocast
+        "--autocast", "none" if jit else settings.autocast,
+    ]
+    row["command"] = shlex.join([*(f"{k}={v}" for k, v in extra.items()), "python", *cmd[1:]])
+    t0 = time.perf_counter()
+    try:
+        with log.open("w") as fh:
+            proc = subprocess.run(cmd, env=workload_env(extra, cache_dir), stdout=fh, stderr=subprocess.STDOUT,
+                                  timeout=timeout_s, check=False)
+        row["wall_s"] = time.perf_counter() - t0
+        row["log"] = log.name
+        row["log_tail"] = _tail(log, 40)
+        if proc.returncode != 0 or not out_json.exists():
+            return skipped(row, f"workload exited with {proc.returncode}; see {log.name}", status="failed")
+        data = json.loads(out_json.read_text())
+        fill_serve(row, batch, data["serve"])
+        row["module_call_patched"] = data["module_call_patched"]
+        row["build_s"] = data["build_s"]
+        if abs(data["weights_checksum"] - case.checksum) > 1e-6 * max(1.0, abs(case.checksum)):
+            return skipped(row, f"weights differ from the suite's (checksum {data['weights_checksum']} vs "
+                                f"{case.checksum})", status="failed")
+        fill_check(row, torch.load(out_pt), case.reference)
+        if jit and not data["module_call_patched"]:
+            skipped(row, "the JIT hook did not activate (torch.nn.Module.__call__ unpatched): figures are eager",
+                    status="failed")
+    except subprocess.TimeoutExpired:
+        row["wall_s"] = time.perf_counter() - t0
+        row["log"] = log.name
+        row["log_tail"] = _tail(log, 40)
+        skipped(row, f"workload timed out after {timeout_s:.0f} s", status="failed")
+    finally:
+        for path in (out_json, out_pt):
+            path.unlink(missing_ok=True)
+    return row
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def jit_available() -> str | None:
+    """None when the env-var hook can start aitune's JIT (the entry point autowrapt looks up exists)."""
+    reason = aitune_available()
+    if reason:
+        return reason
+    if importlib.util.find_spec("autowrapt") is None:
+        return "autowrapt is not installed (the AUTOWRAPT_BOOTSTRAP hook needs it)"
+    from importlib.metadata import entry_points
+
+    if not list(entry_points(group="aitune_enable_jit_tuning")):
+        return "no 'aitune_enable_jit_tuning' entry point (reinstall aitune)"
+    return None

@@ -1,0 +1,35 @@
+"""GPU benchmark suite: eager vs torch.compile (3 modes) vs aitune JIT (env-var hook) vs aitune AOT.
+
+Models: timm resnet50 and vit_base_patch16_224 (torchvision resnet50 / vit_b_16 when timm is missing; the
+results record which), transformers BERT-base from BertConfig() at sequence length 128; batch sizes 1, 8, 32;
+random weights, nothing downloaded. Two parts, each meant to finish in under 9 minutes on an H100:
+
+    python benchmarks/gpu_suite.py --part 1                    # resnet50
+    python benchmarks/gpu_suite.py --part 2                    # vit_base, bert_base
+    python benchmarks/gpu_suite.py --part 1 --precision bf16   # opt-in bf16 autocast comparison
+
+then `python benchmarks/report.py` merges benchmarks/results/*.json into docs/benchmarks.md.
+See docs/benchmarks.md for the method.
+"""
+
+from __future__ import annotations
+
+import suite
+
+DEFAULTS = suite.SuiteDefaults(
+    suite="gpu",
+    device="cuda",
+    models={"1": ["resnet50"], "2": ["vit_base", "bert_base"]},
+    batches=[1, 8, 32],
+    warmup=20,
+    iters=100,
+    settle=20,
+    max_warmup_s=120.0,
+    budget_s=530.0,
+    workload_timeout_s=300.0,
+    estimates_s={"eager": 10, "eager (workload)": 20, "aitune-jit": 90, "compile:default": 60,
+                 "compile:reduce-overhead": 60, "compile:max-autotune-no-cudagraphs": 150, "aitune-aot": 120},
+)
+
+if __name__ == "__main__":
+    raise SystemExit(suite.main(DEFAULTS, __doc__))

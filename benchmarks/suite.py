@@ -1,0 +1,301 @@
+"""The suite driver shared by gpu_suite.py and cpu_suite.py: run every contender for every case, save JSON.
+
+For each (model, batch) the contenders run in this order, so that the one per-run Inductor cache can only
+help torch.compile, never aitune: eager (in-process; its fp32 outputs are the correctness reference),
+eager (workload) and aitune-jit (subprocesses of the plain workload script), compile:default,
+compile:reduce-overhead, compile:max-autotune-no-cudagraphs (in-process, each after
+torch._dynamo.reset()), aitune-aot (in-process, last, on its own copy of the model).
+
+The results JSON is rewritten after every contender (and mirrored to $OUT when that folder exists), so a
+run cut short keeps what it measured. A time budget skips contenders that would not fit, recording
+'skipped: time budget'.
+
+This module imports torch only inside `run()`: the caller sets TORCHINDUCTOR_CACHE_DIR first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks" / "results"
+SCHEMA = "aitune-bench/1"
+ALL_CONTENDERS = (
+    "eager", "eager (workload)", "aitune-jit",
+    "compile:default", "compile:reduce-overhead", "compile:max-autotune-no-cudagraphs", "aitune-aot",
+)
+PACKAGES = ("aitune", "torch", "triton", "timm", "torchvision", "transformers", "autowrapt", "wrapt", "nvtx",
+            "torchao", "rich", "numpy")
+
+
+@dataclasses.dataclass
+class SuiteDefaults:
+    suite: str  # "gpu" or "cpu"
+    device: str
+    models: dict[str, list[str]]  # part number (as str) -> model names; "all" -> every model
+    batches: list[int]
+    warmup: int
+    iters: int
+    settle: int
+    max_warmup_s: float
+    budget_s: float
+    workload_timeout_s: float
+    estimates_s: dict[str, float]  # a contender's expected wall time until one has been measured in this run
+
+
+def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parts = ", ".join(f"{k}: {' '.join(v)}" for k, v in d.models.items())
+    p.add_argument("--part", default="all", choices=["all", *d.models], help=f"model group ({parts}; all: every part)")
+    p.add_argument("--models", nargs="+", help="models to run (overrides --part)")
+    p.add_argument("--batches", nargs="+", type=int, default=d.batches)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: every contender under bf16 autocast; the JIT through AITUNE_JIT_PRECISION=bf16")
+    p.add_argument("--contenders", nargs="+", choices=ALL_CONTENDERS, default=list(ALL_CONTENDERS),
+                   metavar="NAME", help=f"subset of: {', '.join(ALL_CONTENDERS)} (eager always runs)")
+    p.add_argument("--device", default=d.device)
+    p.add_argument("--warmup", type=int, default=d.warmup, help="minimum warm-up calls")
+    p.add_argument("--iters", type=int, default=d.iters, help="timed calls (the median is reported)")
+    p.add_argument("--settle", type=int, default=d.settle, help="warm-up ends after this many stable calls")
+    p.add_argument("--max-warmup-s", type=float, default=d.max_warmup_s)
+    p.add_argument("--budget-s", type=float, default=d.budget_s,
+                   help="skip contenders that would not finish within this many seconds of the start")
+    p.add_argument("--workload-timeout-s", type=float, default=d.workload_timeout_s)
+    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
+    p.add_argument("--cache-dir", type=Path,
+                   help="Inductor cache for this run (default: a fresh temporary folder, removed at the end)")
+    p.add_argument("--tag", help="file name tag (default: suite, device, precision, part, time)")
+    return p
+
+
+def prepare_cache(args: argparse.Namespace) -> tuple[Path, bool]:
+    """Point Inductor (and Triton) at the run's own cache before torch is imported."""
+    if args.cache_dir:
+        cache, temporary = args.cache_dir.resolve(), False
+    else:
+        cache, temporary = Path(tempfile.mkdtemp(prefix="aitune-bench-inductor-")), True
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    os.environ["TRITON_CACHE_DIR"] = str(cache / "triton")
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    return cache, temporary
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_info(device: str) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"type": torch.device(device).type, "cpu": platform.processor() or platform.machine(),
+                            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    if info["type"] == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(name=props.name, capability=f"{props.major}.{props.minor}", memory_gib=round(
+            props.total_memory / 2**30, 1), sm_count=props.multi_processor_count, cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+            tf32_cudnn=torch.backends.cudnn.allow_tf32)
+    else:
+        info["name"] = f"CPU {info['cpu']} x{os.cpu_count()}"
+    return info
+
+
+class Budget:
+    def __init__(self, seconds: float, estimates: dict[str, float]) -> None:
+        self.start = time.perf_counter()
+        self.seconds = seconds
+        self.estimates = dict(estimates)
+        self.seen: dict[str, float] = {}
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.start)
+
+    def expect(self, contender: str) -> float:
+        return self.seen.get(contender, self.estimates.get(contender, 60.0))
+
+    def fits(self, contender: str) -> bool:
+        return self.left() >= self.expect(contender)
+
+    def record(self, contender: str, wall_s: float) -> None:
+        self.seen[contender] = max(wall_s, self.seen.get(contender, 0.0))
+
+
+def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, Any]:
+    import torch
+
+    import contenders as C
+    import models as M
+    import report
+
+    if os.environ.get("AUTOWRAPT_BOOTSTRAP"):
+        raise SystemExit("unset AUTOWRAPT_BOOTSTRAP: the suite starts the JIT itself, in its own subprocess; "
+                         "with it set, this process (the eager and torch.compile contenders) would be tuned too")
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("CUDA is not available here: run benchmarks/cpu_suite.py on a CPU machine")
+
+    names = args.models or ([m for group in d.models.values() for m in group] if args.part == "all"
+                           else d.models[args.part])
+    names = list(dict.fromkeys(names))
+    started = dt.datetime.now(dt.timezone.utc)
+    dev = device_info(args.device)
+    part = "-".join(names) if args.models else f"part{args.part}"
+    tag = args.tag or f"{d.suite}-{slug(dev['name'])}-{args.precision}-{part}-{started:%Y%m%dT%H%M%SZ}"
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    json_path = args.results_dir / f"{tag}.json"
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") and Path(os.environ["OUT"]).is_dir() else None
+
+    settings = C.Settings(
+        device=args.device, precision=args.precision, warmup=args.warmup, iters=args.iters, settle=args.settle,
+        max_warmup_s=args.max_warmup_s, workload_timeout_s=args.workload_timeout_s, work_dir=args.results_dir,
+    )
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "suite": d.suite,
+        "tag": tag,
+        "date": started.isoformat(timespec="seconds"),
+        "device": dev,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "packages": package_versions(),
+        "git_commit": git_commit(),
+        "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+        "settings": {
+            "precision": args.precision, "batches": args.batches, "models": names, "contenders": args.contenders,
+            "warmup": args.warmup, "iters": args.iters, "settle": args.settle, "max_warmup_s": args.max_warmup_s,
+            "n_inputs": settings.n_inputs, "check_seeds": list(settings.check_seeds),
+            "steady_threshold": 1.5, "budget_s": args.budget_s, "inductor_cache": "fresh per run, shared by all "
+            "contenders of the run (the JIT runs before torch.compile, so only torch.compile can gain from it)",
+        },
+        "results": [],
+        "complete": False,
+    }
+    budget = Budget(args.budget_s, d.estimates_s)
+    jit_reason = C.jit_available() if "aitune-jit" in args.contenders else None
+
+    def save() -> None:
+        doc["elapsed_s"] = round(time.perf_counter() - budget.start, 1)
+        json_path.write_text(json.dumps(doc, indent=1, default=str))
+        if out_dir:
+            shutil.copy2(json_path, out_dir / json_path.name)
+            for log in args.results_dir.glob(f"{tag}-*.log"):
+                shutil.copy2(log, out_dir / log.name)
+
+    def add(row: dict[str, Any]) -> None:
+        doc["results"].append(row)
+        if row.get("wall_s") is not None and row["status"] in ("ok", "failed"):
+            budget.record(row["contender"], row["wall_s"])
+        line = f"  {row['contender']:<36} {row['status']:<13}"
+        if row["status"] == "ok":
+            line += (f" median {row['median_ms']:9.3f} ms  first call {row['first_call_s']:7.2f} s  "
+                     f"steady after {row['time_to_steady_s']:7.2f} s  rel err {row['rel_err']:.1e}")
+        else:
+            line += f" {row['reason']}"
+        print(line, flush=True)
+        save()
+
+    def over_budget(batch: int, name: str, contender: str) -> bool:
+        if budget.fits(contender):
+            return False
+        add(C.skipped(C.row_template(name, batch, args.precision, contender),
+                      f"time budget ({budget.left():.0f} s left of {args.budget_s:.0f}, "
+                      f"needs ~{budget.expect(contender):.0f} s)"))
+        return True
+
+    print(f"{d.suite} suite: {', '.join(names)} x batch {args.batches} ({args.precision}) on {dev['name']}; "
+          f"results -> {json_path}", flush=True)
+    for name in names:
+        for batch in args.batches:
+            print(f"[{name} b={batch} {args.precision}] {budget.left():.0f} s of budget left", flush=True)
+            if over_budget(batch, name, "eager"):
+                for contender in args.contenders:
+                    if contender != "eager":
+                        add(C.skipped(C.row_template(name, batch, args.precision, contender), "time budget"))
+                continue
+            try:
+                case = C.make_case(name, batch, settings)
+            except M.ModelUnavailable as exc:
+                for contender in ["eager", *[c for c in args.contenders if c != "eager"]]:
+                    add(C.skipped(C.row_template(name, batch, args.precision, contender), str(exc)))
+                continue
+            add(C.run_eager(case, settings))
+            cache_for_subprocess = cache
+            for contender in args.contenders:
+                if contender == "eager" or over_budget(batch, name, contender):
+                    continue
+                if contender in ("eager (workload)", "aitune-jit"):
+                    jit = contender == "aitune-jit"
+                    if jit and jit_reason:
+                        add(C.skipped(C.row_template(case, batch, args.precision, contender), jit_reason,
+                                      status="not available"))
+                        continue
+                    timeout = max(30.0, min(args.workload_timeout_s, budget.left() - 10))
+                    add(C.run_workload(case, settings, contender, jit=jit, cache_dir=cache_for_subprocess,
+                                       timeout_s=timeout, tag=tag))
+                elif contender.startswith("compile:"):
+                    add(C.run_compile(case, settings, contender.split(":", 1)[1]))
+                elif contender == "aitune-aot":
+                    add(C.run_aot(name, batch, settings))
+            del case
+            C.free_memory()
+
+    doc["aitune_jit_config"] = _jit_config_repr()
+    doc["complete"] = True
+    save()
+    rows = report.derive(doc["results"])
+    print()
+    print(report.format_table(rows))
+    print(f"\nresults: {json_path}" + (f" (copied to {out_dir})" if out_dir else ""))
+    return doc
+
+
+def _jit_config_repr() -> str | None:
+    """The JIT's default configuration as the public API shows it (recorded, not changed)."""
+    try:
+        from aitune.torch import jit_config
+    except Exception as exc:
+        return f"unavailable: {type(exc).__name__}: {exc}"
+    return repr(jit_config)
+
+
+def main(d: SuiteDefaults, description: str, argv: list[str] | None = None) -> int:
+    args = build_parser(d, description).parse_args(argv)
+    cache, temporary = prepare_cache(args)
+    try:
+        run(args, d, cache)
+    finally:
+        if temporary:
+            shutil.rmtree(cache, ignore_errors=True)
+    return 0

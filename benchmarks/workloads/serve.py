@@ -1,0 +1,125 @@
+"""A plain PyTorch serving workload: build a model, serve a stream of batches, time every call.
+
+This script never imports aitune. The benchmark suites run it as a subprocess in two ways:
+
+    python benchmarks/workloads/serve.py --model resnet50 --batch 8 --out r.json              # eager
+    AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning \
+        python benchmarks/workloads/serve.py --model resnet50 --batch 8 --out r.json          # aitune JIT
+
+so the JIT contender is measured on an unmodified script, from the outside: the per-call latencies and
+wall-clock stamps it writes show when the calls became fast (see timing.py for the time-to-tuned rule).
+`--contender compile:<mode>` runs torch.compile in the same script for a like-for-like comparison, and
+`--autocast bf16` wraps every call in bf16 autocast, as a user who wants bf16 would.
+
+Output JSON: model/source/batch, device, torch version, weights checksum, whether `nn.Module.__call__`
+had been replaced when the model was built (the JIT hook's footprint, seen without importing aitune),
+the serving-loop result and, with `--check-out`, the primary output for each check seed saved as a
+list of CPU tensors for the suite to compare against eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared plain-torch helpers
+
+import models
+import timing
+
+
+def module_call_patched() -> bool:
+    """True when something replaced torch.nn.Module.__call__ (the JIT hook does); plain introspection."""
+    return torch.nn.Module.__dict__["__call__"] is not torch.nn.Module.__dict__["_wrapped_call_impl"]
+
+
+def make_callable(module: torch.nn.Module, contender: str, autocast: str, device: torch.device):
+    if contender == "eager":
+        target = module
+    elif contender.startswith("compile:"):
+        target = torch.compile(module, mode=contender.split(":", 1)[1])
+    else:
+        raise SystemExit(f"unknown contender {contender!r}: eager or compile:<mode>")
+
+    if autocast == "bf16":
+        def call(batch: models.Batch):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                return target(*batch.args, **batch.kwargs)
+    else:
+        def call(batch: models.Batch):
+            return target(*batch.args, **batch.kwargs)
+    return call
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, choices=sorted(models.ALL_MODELS))
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--contender", default="eager", help="eager (default) or compile:<mode>")
+    p.add_argument("--autocast", choices=["none", "bf16"], default="none")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--settle", type=int, default=20)
+    p.add_argument("--max-warmup-s", type=float, default=300.0)
+    p.add_argument("--n-inputs", type=int, default=4, help="input sets rotated through (seeds 0..n-1)")
+    p.add_argument("--check-seeds", type=int, nargs="*", default=[1000, 1001])
+    p.add_argument("--check-out", type=Path, help="save the outputs for the check seeds here (torch.save)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+
+    t_start = time.perf_counter()
+    device = torch.device(args.device)
+    built = models.build(args.model, args.batch)
+    checksum = models.weights_checksum(built.module)
+    module = built.module.to(device)
+    inputs = [built.make_inputs(seed).to(device) for seed in range(args.n_inputs)]
+    call = make_callable(module, args.contender, args.autocast, device)
+    t_built = time.perf_counter()
+
+    with torch.no_grad():
+        served = timing.serve_loop(
+            call, inputs, device, warmup=args.warmup, iters=args.iters, settle=args.settle,
+            max_warmup_s=args.max_warmup_s,
+        )
+        outputs = []
+        for seed in args.check_seeds:
+            out = call(built.make_inputs(seed).to(device))
+            outputs.append(models.primary_output(out).detach().float().cpu().clone())
+    if args.check_out:
+        torch.save(outputs, args.check_out)
+
+    result = {
+        "model": built.name,
+        "model_source": built.source,
+        "batch": args.batch,
+        "contender": args.contender,
+        "autocast": args.autocast,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "pid": os.getpid(),
+        "weights_checksum": checksum,
+        "module_call_patched": module_call_patched(),
+        "build_s": t_built - t_start,
+        "serve": served.to_dict(),
+        "check_seeds": args.check_seeds,
+    }
+    args.out.write_text(json.dumps(result, indent=1))
+    print(
+        f"serve.py {built.name} b={args.batch} {args.contender}: median {served.stats.median_ms:.3f} ms, "
+        f"first call {served.first_call_s:.2f} s, steady after {served.time_to_steady_s:.2f} s, "
+        f"warm-up calls {len(served.warmup_ms)}, Module.__call__ patched: {result['module_call_patched']}",
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
