@@ -21,6 +21,7 @@ import dataclasses
 import gc
 import importlib.util
 import json
+import logging
 import os
 import shlex
 import subprocess
@@ -204,11 +205,39 @@ def aot_sample_dataset(case: Case, seeds: range, device: torch.device | str) -> 
     return samples
 
 
+def aot_strategy(device: str) -> Any:
+    """HighestThroughputStrategy over the torch.compile modes the suite compares against, plus eager.
+
+    AOT is given the same choices a user has with torch.compile (CUDA graphs only on CUDA), so its row shows
+    whether picking per case by measured throughput lands on the best mode.
+    """
+    import aitune.torch as ait
+    from aitune.torch.backend import TorchEagerBackend, TorchInductorBackend, TorchInductorBackendConfig
+
+    modes = [m for m in COMPILE_MODES if m != "reduce-overhead" or torch.device(device).type == "cuda"]
+    backends = [TorchInductorBackend(TorchInductorBackendConfig(mode=None if m == "default" else m)) for m in modes]
+    return ait.HighestThroughputStrategy([*backends, TorchEagerBackend()])
+
+
+class _SelectionLog(logging.Handler):
+    """Keeps aitune's log lines that name the selected backend (the public log, not internals)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "Selected" in message or "selected" in message:
+            self.lines.append(message.splitlines()[0][:300])
+
+
 def run_aot(name: str, batch: int, settings: Settings) -> dict[str, Any]:
-    """aitune AOT with HighestThroughputStrategy on a freshly built copy of the model (same seed, same weights).
+    """aitune AOT (see aot_strategy) on a freshly built copy of the model (same seed, same weights).
 
     The AOT wrapper replaces the module's forward, so it gets its own model object; the reference outputs
-    are the fp32 eager outputs of that copy before wrapping (equal weights, checked by checksum).
+    are the suite's fp32 eager outputs (equal weights, checked by checksum). Tuning sees the served batch
+    size only, so the tuned graph is static, as torch.compile's is.
     """
     row = row_template(name, batch, settings.precision, "aitune-aot")
     reason = aitune_available()
@@ -222,12 +251,24 @@ def run_aot(name: str, batch: int, settings: Settings) -> dict[str, Any]:
 
         case = make_case(name, batch, settings)
         row["model_source"] = case.built.source
-        # Static shapes at the served batch size, as torch.compile sees them: tune on that batch size only.
         dataset = aot_sample_dataset(case, range(settings.n_inputs), settings.device)
-        module = ait.Module(case.built.module, f"bench-{name}-b{batch}", strategy=ait.HighestThroughputStrategy())
+        strategy = aot_strategy(settings.device)
+        row["aot_backends"] = [b.describe() for b in strategy.backends]
+        module = ait.Module(case.built.module, f"bench-{name}-b{batch}", strategy=strategy)
+        selection = _SelectionLog()
+        logger = logging.getLogger("aitune")
+        logger.addHandler(selection)
+        previous_level = logger.level
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
         t0 = time.perf_counter()
-        ait.tune(module, dataset, batch_sizes=[batch])
+        try:
+            ait.tune(module, dataset, batch_sizes=[batch], device=settings.device)
+        finally:
+            logger.removeHandler(selection)
+            logger.setLevel(previous_level)
         row["tune_s"] = time.perf_counter() - t0
+        row["aot_selected"] = selection.lines
         _serve_and_check(row, case, module, settings)
 
     return _guarded(row, body)
@@ -241,6 +282,8 @@ def workload_env(extra: dict[str, str], cache_dir: Path | None) -> dict[str, str
     env.update(extra)
     if cache_dir is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
+        env["TRITON_CACHE_DIR"] = str(cache_dir / "triton")
+        env["AITUNE_JIT_CACHE_DIR"] = str(cache_dir / "aitune-jit")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -268,7 +311,8 @@ def run_workload(
         # the JIT tunes the user's fp32 script (its precision comes from the env); eager gets the same autocast
         "--autocast", "none" if jit else settings.autocast,
     ]
-    row["command"] = shlex.join([*(f"{k}={v}" for k, v in extra.items()), "python", *cmd[1:]])
+    shown = [str(WORKLOAD.relative_to(WORKLOAD.parents[2])), *cmd[2:]]
+    row["command"] = shlex.join([*(f"{k}={v}" for k, v in extra.items()), "python", *shown])
     t0 = time.perf_counter()
     try:
         with log.open("w") as fh:

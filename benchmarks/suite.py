@@ -1,10 +1,12 @@
 """The suite driver shared by gpu_suite.py and cpu_suite.py: run every contender for every case, save JSON.
 
-For each (model, batch) the contenders run in this order, so that the one per-run Inductor cache can only
-help torch.compile, never aitune: eager (in-process; its fp32 outputs are the correctness reference),
-eager (workload) and aitune-jit (subprocesses of the plain workload script), compile:default,
-compile:reduce-overhead, compile:max-autotune-no-cudagraphs (in-process, each after
-torch._dynamo.reset()), aitune-aot (in-process, last, on its own copy of the model).
+The run is contender-major: first eager for every (model, batch) case (in-process; its fp32 outputs are
+the correctness references), then each other contender over all cases, in this order: eager (workload)
+and aitune-jit (subprocesses of the plain workload script), compile:default, compile:reduce-overhead,
+compile:max-autotune-no-cudagraphs (in-process, each after torch._dynamo.reset()), aitune-aot
+(in-process, on its own copy of the model). The JIT runs before torch.compile, so the one per-run
+Inductor cache can only help torch.compile, never aitune; and a run that meets its budget loses its last
+columns (the slowest compiles) rather than whole models.
 
 The results JSON is rewritten after every contender (and mirrored to $OUT when that folder exists), so a
 run cut short keeps what it measured. A time budget skips contenders that would not fit, recording
@@ -55,6 +57,7 @@ class SuiteDefaults:
     budget_s: float
     workload_timeout_s: float
     estimates_s: dict[str, float]  # a contender's expected wall time until one has been measured in this run
+    contenders: tuple[str, ...] = ALL_CONTENDERS
 
 
 def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
@@ -65,8 +68,9 @@ def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
     p.add_argument("--batches", nargs="+", type=int, default=d.batches)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="bf16: every contender under bf16 autocast; the JIT through AITUNE_JIT_PRECISION=bf16")
-    p.add_argument("--contenders", nargs="+", choices=ALL_CONTENDERS, default=list(ALL_CONTENDERS),
-                   metavar="NAME", help=f"subset of: {', '.join(ALL_CONTENDERS)} (eager always runs)")
+    p.add_argument("--contenders", nargs="+", choices=ALL_CONTENDERS, default=list(d.contenders), metavar="NAME",
+                   help=f"any of: {', '.join(ALL_CONTENDERS)} (eager always runs; default: "
+                        f"{', '.join(d.contenders)})")
     p.add_argument("--device", default=d.device)
     p.add_argument("--warmup", type=int, default=d.warmup, help="minimum warm-up calls")
     p.add_argument("--iters", type=int, default=d.iters, help="timed calls (the median is reported)")
@@ -213,7 +217,7 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
             for log in args.results_dir.glob(f"{tag}-*.log"):
                 shutil.copy2(log, out_dir / log.name)
 
-    def add(row: dict[str, Any]) -> None:
+    def add(row: dict[str, Any]) -> dict[str, Any]:
         doc["results"].append(row)
         if row.get("wall_s") is not None and row["status"] in ("ok", "failed"):
             budget.record(row["contender"], row["wall_s"])
@@ -225,6 +229,7 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
             line += f" {row['reason']}"
         print(line, flush=True)
         save()
+        return row
 
     def over_budget(batch: int, name: str, contender: str) -> bool:
         if budget.fits(contender):
@@ -236,40 +241,47 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
 
     print(f"{d.suite} suite: {', '.join(names)} x batch {args.batches} ({args.precision}) on {dev['name']}; "
           f"results -> {json_path}", flush=True)
+    # Contender-major: every case's eager first (the references), then each contender over all cases, the
+    # cheapest and the JIT first, so a run that meets its budget loses the last columns, not whole models.
+    cases: dict[tuple[str, int], Any] = {}
     for name in names:
         for batch in args.batches:
-            print(f"[{name} b={batch} {args.precision}] {budget.left():.0f} s of budget left", flush=True)
             if over_budget(batch, name, "eager"):
-                for contender in args.contenders:
-                    if contender != "eager":
-                        add(C.skipped(C.row_template(name, batch, args.precision, contender), "time budget"))
                 continue
             try:
                 case = C.make_case(name, batch, settings)
             except M.ModelUnavailable as exc:
-                for contender in ["eager", *[c for c in args.contenders if c != "eager"]]:
-                    add(C.skipped(C.row_template(name, batch, args.precision, contender), str(exc)))
+                add(C.skipped(C.row_template(name, batch, args.precision, "eager"), str(exc)))
                 continue
-            add(C.run_eager(case, settings))
-            cache_for_subprocess = cache
-            for contender in args.contenders:
-                if contender == "eager" or over_budget(batch, name, contender):
+            print(f"[{name} b={batch} {args.precision}] {case.built.source}", flush=True)
+            row = add(C.run_eager(case, settings))
+            if row["status"] == "ok":
+                cases[(name, batch)] = case
+    skipped_models = {(r["model"], r["batch"]): r["reason"] for r in doc["results"] if r["status"] != "ok"}
+
+    for contender in [c for c in args.contenders if c != "eager"]:
+        print(f"[{contender}] {budget.left():.0f} s of budget left", flush=True)
+        for name in names:
+            for batch in args.batches:
+                case = cases.get((name, batch))
+                if case is None:
+                    add(C.skipped(C.row_template(name, batch, args.precision, contender),
+                                  f"no eager reference ({skipped_models.get((name, batch), 'not run')})"))
+                elif contender == "aitune-jit" and jit_reason:
+                    add(C.skipped(C.row_template(case, batch, args.precision, contender), jit_reason,
+                                  status="not available"))
+                elif over_budget(batch, name, contender):
                     continue
-                if contender in ("eager (workload)", "aitune-jit"):
-                    jit = contender == "aitune-jit"
-                    if jit and jit_reason:
-                        add(C.skipped(C.row_template(case, batch, args.precision, contender), jit_reason,
-                                      status="not available"))
-                        continue
+                elif contender in ("eager (workload)", "aitune-jit"):
                     timeout = max(30.0, min(args.workload_timeout_s, budget.left() - 10))
-                    add(C.run_workload(case, settings, contender, jit=jit, cache_dir=cache_for_subprocess,
+                    add(C.run_workload(case, settings, contender, jit=contender == "aitune-jit", cache_dir=cache,
                                        timeout_s=timeout, tag=tag))
                 elif contender.startswith("compile:"):
                     add(C.run_compile(case, settings, contender.split(":", 1)[1]))
                 elif contender == "aitune-aot":
                     add(C.run_aot(name, batch, settings))
-            del case
-            C.free_memory()
+    cases.clear()
+    C.free_memory()
 
     doc["aitune_jit_config"] = _jit_config_repr()
     doc["complete"] = True

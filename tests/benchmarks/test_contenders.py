@@ -1,0 +1,39 @@
+"""benchmarks/contenders.py: result rows, the correctness check and the workload's environment."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import contenders
+import models
+
+
+def test_fill_serve_and_check_make_an_ok_row():
+    row = contenders.row_template("m", 4, "fp32", "eager")
+    served = {"stats": {"median_ms": 2.0, "p10_ms": 1.5, "p90_ms": 3.0}, "first_call_s": 0.5,
+              "time_to_steady_s": 0.5, "settled": True, "slow_timed_calls": 0, "n_warmup": 20}
+    contenders.fill_serve(row, 4, served)
+    assert row["throughput"] == pytest.approx(2000.0)
+    ref = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0])]
+    contenders.fill_check(row, [torch.tensor([1.0, 0.1]), torch.tensor([0.0, 2.0])], ref)
+    assert row["rel_err"] == pytest.approx(0.1)
+    assert row["status"] == "ok"
+
+
+def test_workload_env_never_inherits_the_hook(monkeypatch, tmp_path):
+    monkeypatch.setenv("AUTOWRAPT_BOOTSTRAP", "aitune_enable_jit_tuning")
+    monkeypatch.setenv(contenders.JIT_PRECISION_ENV, "bf16")
+    env = contenders.workload_env({}, tmp_path)
+    assert "AUTOWRAPT_BOOTSTRAP" not in env and contenders.JIT_PRECISION_ENV not in env
+    assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+    assert contenders.workload_env(contenders.JIT_ENV, None)["AUTOWRAPT_BOOTSTRAP"] == "aitune_enable_jit_tuning"
+
+
+def test_aot_dataset_is_the_timing_batches_unbatched():
+    settings = contenders.Settings(device="cpu", n_inputs=2)
+    case = contenders.make_case("tiny_resnet", 3, settings)
+    samples = contenders.aot_sample_dataset(case, range(2), "cpu")
+    assert len(samples) == 6
+    assert torch.equal(samples[4][0], models.build("tiny_resnet", 3).make_inputs(1).args[0][1])
+    assert len(case.reference) == len(settings.check_seeds)

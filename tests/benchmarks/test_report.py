@@ -1,0 +1,97 @@
+"""benchmarks/report.py: speedups, the markdown table, the results schema, merging and the chart."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import report
+
+
+def _row(contender, median, **extra):
+    row = {"model": "m", "model_source": "src", "batch": 8, "precision": "fp32", "contender": contender,
+           "status": "ok", "reason": None, "median_ms": median, "p10_ms": median * 0.9, "p90_ms": median * 1.1,
+           "throughput": 8000.0 / median, "first_call_s": 0.1, "time_to_steady_s": 0.1, "rel_err": 1e-6}
+    row.update(extra)
+    return row
+
+
+def _doc(rows, date="2026-11-21T10:00:00+00:00", device="NVIDIA H100"):
+    return {"schema": "aitune-bench/1", "suite": "gpu", "date": date, "device": {"name": device, "type": "cuda"},
+            "torch": "2.11.0", "settings": {"precision": "fp32"}, "results": rows}
+
+
+def test_derive_speedups_against_eager_and_best_compile():
+    rows = report.derive([
+        _row("aitune-jit", 4.0),
+        _row("compile:default", 8.0),
+        _row("eager", 10.0),
+        _row("compile:max-autotune-no-cudagraphs", 5.0),
+        {"model": "m", "batch": 8, "precision": "fp32", "contender": "aitune-aot", "status": "failed",
+         "reason": "boom"},
+    ])
+    by = {r["contender"]: r for r in rows}
+    assert [r["contender"] for r in rows] == ["eager", "aitune-jit", "compile:default",
+                                              "compile:max-autotune-no-cudagraphs", "aitune-aot"]
+    assert by["aitune-jit"]["speedup_vs_eager"] == pytest.approx(2.5)
+    assert by["aitune-jit"]["speedup_vs_best_compile"] == pytest.approx(1.25)
+    assert by["aitune-jit"]["best_compile"] == "compile:max-autotune-no-cudagraphs"
+    assert by["eager"]["speedup_vs_eager"] == pytest.approx(1.0)
+    assert by["aitune-aot"]["speedup_vs_eager"] is None
+
+
+def test_format_table_has_one_line_per_row_and_reasons():
+    rows = report.derive([_row("eager", 10.0), {"model": "m", "batch": 8, "precision": "fp32",
+                                                 "contender": "aitune-jit", "status": "not available",
+                                                 "reason": "aitune is not installed"}])
+    table = report.format_table(rows).splitlines()
+    assert table[0] == report.TABLE_HEADER
+    assert len(table) == 4
+    assert table[0].count("|") == table[1].count("|") == table[2].count("|") == table[3].count("|")
+    assert "not available: aitune is not installed" in table[3]
+    assert "| 10.00 |" in table[2] and "| 800.0 |" in table[2]
+
+
+def test_validate_results_schema():
+    assert report.validate(_doc([_row("eager", 1.0)])) == []
+    bad = _doc([{"model": "m", "batch": 1, "precision": "fp32", "contender": "eager", "status": "ok"},
+                {"model": "m", "batch": 1, "precision": "fp32", "contender": "x", "status": "skipped"}])
+    del bad["torch"]
+    problems = report.validate(bad)
+    assert "missing key 'torch'" in problems
+    assert any("missing 'median_ms'" in p for p in problems)
+    assert any("missing 'reason'" in p for p in problems)
+
+
+def test_sections_merge_parts_newest_wins_and_doc_markers(tmp_path):
+    part1 = _doc([_row("eager", 10.0), _row("aitune-jit", 5.0)], date="2026-11-21T10:00:00+00:00")
+    part2 = _doc([{**_row("eager", 20.0), "model": "n"}], date="2026-11-21T11:00:00+00:00")
+    rerun = _doc([_row("aitune-jit", 4.0)], date="2026-11-21T12:00:00+00:00")
+    files = []
+    for i, doc in enumerate([rerun, part1, part2]):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(json.dumps(doc))
+        files.append(path)
+    secs = report.sections(report.load(files))
+    assert len(secs) == 1
+    rows = {(r["model"], r["contender"]): r for r in secs[0]["rows"]}
+    assert rows[("m", "aitune-jit")]["median_ms"] == 4.0
+    assert rows[("n", "eager")]["median_ms"] == 20.0
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\nmethod text\n\n{report.BEGIN}\nold\n{report.END}\n\ntrailer\n")
+    report.update_doc(doc, report.render_sections(secs))
+    text = doc.read_text()
+    assert "method text" in text and "trailer" in text and "old" not in text
+    assert "geometric mean 2.50× eager" in text
+    report.update_doc(doc, "second")
+    assert doc.read_text().count(report.BEGIN) == 1
+
+
+def test_plot_writes_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    secs = report.sections([{**_doc([_row("eager", 10.0), _row("aitune-jit", 5.0)]), "_file": "x.json"}])
+    png = tmp_path / "chart.png"
+    assert report.plot(secs, png)
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,30 @@
+"""benchmarks/workloads/serve.py: the plain workload script runs, writes its JSON and never imports aitune."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import models
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def test_workload_script_runs_eager_and_writes_its_json(tmp_path):
+    out, check = tmp_path / "r.json", tmp_path / "c.pt"
+    cmd = [sys.executable, str(BENCHMARKS / "workloads" / "serve.py"), "--model", "tiny_resnet", "--batch", "2",
+           "--device", "cpu", "--warmup", "3", "--iters", "5", "--settle", "3", "--out", str(out),
+           "--check-out", str(check)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    data = json.loads(out.read_text())
+    assert data["module_call_patched"] is False
+    assert data["serve"]["stats"]["n"] == 5
+    assert data["weights_checksum"] == models.weights_checksum(models.build("tiny_resnet", 2).module)
+    outputs = torch.load(check)
+    assert len(outputs) == len(data["check_seeds"]) and outputs[0].shape == (2, 10)
+    source = (BENCHMARKS / "workloads" / "serve.py").read_text()
+    assert "import aitune" not in source and "from aitune" not in source
