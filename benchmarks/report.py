@@ -1,6 +1,6 @@
 """Merge benchmark results JSONs into docs/benchmarks.md and draw docs/benchmarks_throughput.png.
 
-    python benchmarks/report.py                       # every benchmarks/results/*.json
+    python benchmarks/report.py                       # every suite results file in benchmarks/results/
     python benchmarks/report.py results/a.json ...    # chosen files
 
 Results are grouped into sections by (suite, device, precision); within a section each (model, batch,
@@ -30,6 +30,7 @@ CONTENDER_ORDER = (
     "eager", "eager (workload)", "aitune-jit",
     "compile:default", "compile:reduce-overhead", "compile:max-autotune-no-cudagraphs", "aitune-aot",
 )
+SCHEMA = "aitune-bench/1"
 REQUIRED_ROW_KEYS = ("model", "batch", "precision", "contender", "status")
 OK_ROW_KEYS = ("median_ms", "p10_ms", "p90_ms", "throughput", "first_call_s", "time_to_steady_s", "rel_err")
 REQUIRED_DOC_KEYS = ("schema", "suite", "date", "device", "torch", "settings", "results")
@@ -38,7 +39,7 @@ REQUIRED_DOC_KEYS = ("schema", "suite", "date", "device", "torch", "settings", "
 def validate(doc: dict[str, Any]) -> list[str]:
     """Problems with a results document (empty when it follows the aitune-bench/1 schema)."""
     problems = [f"missing key {k!r}" for k in REQUIRED_DOC_KEYS if k not in doc]
-    if doc.get("schema") != "aitune-bench/1":
+    if doc.get("schema") != SCHEMA:
         problems.append(f"unknown schema {doc.get('schema')!r}")
     if "name" not in doc.get("device", {}):
         problems.append("device has no name")
@@ -137,6 +138,14 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             _notes(r),
         ]) + " |")
     return "\n".join(lines)
+
+
+def is_suite_result(path: Path) -> bool:
+    """True for the suites' results files; benchmarks/results also holds other benchmarks' JSONs."""
+    try:
+        return json.loads(path.read_text()).get("schema") == SCHEMA
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
@@ -274,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--png", type=Path, default=PNG)
     p.add_argument("--no-plot", action="store_true")
     args = p.parse_args(argv)
-    files = args.files or sorted(RESULTS_DIR.glob("*.json"))
+    files = args.files or [f for f in sorted(RESULTS_DIR.glob("*.json")) if is_suite_result(f)]
     if not files:
-        raise SystemExit(f"no results files in {RESULTS_DIR}")
+        raise SystemExit(f"no aitune-bench/1 results files in {RESULTS_DIR}")
     secs = sections(load(files))
     drawn = False if args.no_plot else plot(secs, args.png)
     chart = Path("..", args.png.relative_to(REPO)).as_posix() if drawn and args.png.is_relative_to(REPO) else None

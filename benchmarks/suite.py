@@ -35,7 +35,6 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks" / "results"
-SCHEMA = "aitune-bench/1"
 ALL_CONTENDERS = (
     "eager", "eager (workload)", "aitune-jit",
     "compile:default", "compile:reduce-overhead", "compile:max-autotune-no-cudagraphs", "aitune-aot",
@@ -186,7 +185,7 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
         max_warmup_s=args.max_warmup_s, workload_timeout_s=args.workload_timeout_s, work_dir=args.results_dir,
     )
     doc: dict[str, Any] = {
-        "schema": SCHEMA,
+        "schema": report.SCHEMA,
         "suite": d.suite,
         "tag": tag,
         "date": started.isoformat(timespec="seconds"),

@@ -95,3 +95,12 @@ def test_plot_writes_png(tmp_path):
     png = tmp_path / "chart.png"
     assert report.plot(secs, png)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_other_benchmarks_json_is_not_a_suite_result(tmp_path):
+    other = tmp_path / "hook_overhead.json"
+    other.write_text(json.dumps({"benchmark": "hook_overhead", "results": []}))
+    ours = tmp_path / "gpu.json"
+    ours.write_text(json.dumps(_doc([_row("eager", 1.0)])))
+    (tmp_path / "broken.json").write_text("{")
+    assert [p.name for p in sorted(tmp_path.glob("*.json")) if report.is_suite_result(p)] == ["gpu.json"]
