@@ -321,6 +321,8 @@ def run_workload(
         row["wall_s"] = time.perf_counter() - t0
         row["log"] = log.name
         row["log_tail"] = _tail(log, 40)
+        if jit:
+            row["jit_summary"] = jit_summary(log)
         if proc.returncode != 0 or not out_json.exists():
             return skipped(row, f"workload exited with {proc.returncode}; see {log.name}", status="failed")
         data = json.loads(out_json.read_text())
@@ -343,6 +345,21 @@ def run_workload(
         for path in (out_json, out_pt):
             path.unlink(missing_ok=True)
     return row
+
+
+JIT_SUMMARY_MARK = "aitune JIT tuning summary"
+
+
+def jit_summary(log: Path, max_lines: int = 15) -> list[str]:
+    """The summary aitune's JIT logs at exit (what was tuned, with which backend), read from the workload's log."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    for i, line in enumerate(lines):
+        if JIT_SUMMARY_MARK in line:
+            return [line[line.index(JIT_SUMMARY_MARK):], *(x.strip() for x in lines[i + 1:i + max_lines])]
+    return []
 
 
 def _tail(path: Path, lines: int) -> str:

@@ -23,6 +23,8 @@ DEFAULTS = suite.SuiteDefaults(
     max_warmup_s=60.0,
     budget_s=600.0,
     workload_timeout_s=240.0,
+    # One intra-op thread: on a small shared machine two OpenMP threads stall whenever one is preempted.
+    threads=1,
     estimates_s={"eager": 2, "eager (workload)": 10, "aitune-jit": 40, "compile:default": 20,
                  "compile:reduce-overhead": 20, "compile:max-autotune-no-cudagraphs": 40, "aitune-aot": 40},
 )

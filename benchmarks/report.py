@@ -112,6 +112,11 @@ def _notes(r: dict[str, Any]) -> str:
             notes.append(f"tune {r['tune_s']:.1f} s")
         if r["contender"] == "aitune-jit" and r.get("module_call_patched") is False:
             notes.append("hook inactive")
+        tuned = [line.lstrip("🎯 ").strip() for line in r.get("jit_summary") or [] if line.startswith("🎯")]
+        if tuned:
+            notes.append("tuned " + ", ".join(tuned[:2]) + (f" (+{len(tuned) - 2})" if len(tuned) > 2 else ""))
+        if r.get("aot_selected"):
+            notes.append(r["aot_selected"][0].lstrip("✅ ").split(" for module")[0])
     return "; ".join(notes).replace("|", "/").replace("\n", " ")
 
 

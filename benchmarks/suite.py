@@ -57,6 +57,7 @@ class SuiteDefaults:
     workload_timeout_s: float
     estimates_s: dict[str, float]  # a contender's expected wall time until one has been measured in this run
     contenders: tuple[str, ...] = ALL_CONTENDERS
+    threads: int | None = None  # CPU threads for every contender (None: torch's default)
 
 
 def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
@@ -71,6 +72,9 @@ def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
                    help=f"any of: {', '.join(ALL_CONTENDERS)} (eager always runs; default: "
                         f"{', '.join(d.contenders)})")
     p.add_argument("--device", default=d.device)
+    p.add_argument("--threads", type=int, default=d.threads,
+                   help="intra-op CPU threads (OMP_NUM_THREADS) for every contender and workload"
+                        + (f" (default {d.threads})" if d.threads else " (default: torch's)"))
     p.add_argument("--warmup", type=int, default=d.warmup, help="minimum warm-up calls")
     p.add_argument("--iters", type=int, default=d.iters, help="timed calls (the median is reported)")
     p.add_argument("--settle", type=int, default=d.settle, help="warm-up ends after this many stable calls")
@@ -85,8 +89,13 @@ def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
     return p
 
 
-def prepare_cache(args: argparse.Namespace) -> tuple[Path, bool]:
-    """Point Inductor (and Triton) at the run's own cache before torch is imported."""
+def prepare_env(args: argparse.Namespace) -> tuple[Path, bool]:
+    """Before torch is imported: point Inductor (and Triton) at the run's own cache, fix the thread count.
+
+    The environment is inherited by the workload subprocesses, so every contender runs with the same.
+    """
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)
     if args.cache_dir:
         cache, temporary = args.cache_dir.resolve(), False
     else:
@@ -303,7 +312,7 @@ def _jit_config_repr() -> str | None:
 
 def main(d: SuiteDefaults, description: str, argv: list[str] | None = None) -> int:
     args = build_parser(d, description).parse_args(argv)
-    cache, temporary = prepare_cache(args)
+    cache, temporary = prepare_env(args)
     try:
         run(args, d, cache)
     finally:

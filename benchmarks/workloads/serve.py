@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check-out", type=Path, help="save the outputs for the check seeds here (torch.save)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    # A server configures logging; warnings from any library (aitune's JIT prints its tuning summary at exit
+    # as one) then reach the log the suite keeps.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
 
     t_start = time.perf_counter()
     device = torch.device(args.device)
