@@ -37,3 +37,13 @@ def test_aot_dataset_is_the_timing_batches_unbatched():
     assert len(samples) == 6
     assert torch.equal(samples[4][0], models.build("tiny_resnet", 3).make_inputs(1).args[0][1])
     assert len(case.reference) == len(settings.check_seeds)
+
+
+def test_jit_summary_is_read_from_the_workload_log(tmp_path):
+    log = tmp_path / "w.log"
+    log.write_text("serve.py ...\n2026-11-21 10:40:51,320 aitune.jit WARNING: aitune JIT tuning summary: 1 module(s)"
+                   " tuned, 45 module(s) seen\n  🎯 BertModel (BertModel, level 0): TorchInductorBackend()\n")
+    lines = contenders.jit_summary(log)
+    assert lines[0].startswith("aitune JIT tuning summary: 1 module(s) tuned")
+    assert lines[1].startswith("🎯 BertModel")
+    assert contenders.jit_summary(tmp_path / "missing.log") == []
