@@ -178,7 +178,7 @@ class Backend(ABC):
         """Validation tolerance for outputs of `dtype`; quantizing backends widen it."""
         from aitune_core.validation.tolerance import default_tolerance
 
-        return default_tolerance(dtype)
+        return default_tolerance(dtype, self._device)
 
     # ----------------------------------------------------------------- transitions
     def build(
@@ -246,7 +246,7 @@ class Backend(ABC):
     def to_dict(self) -> dict[str, Any]:
         """Serializable state. `pathlib.Path` values are artifacts the checkpoint copies and checksums."""
         if self._state is BackendState.INIT:
-            raise BackendStateError(f"{self.name}: nothing to serialize before build()")
+            raise BackendStateError(f"{self.name}: nothing to serialize before build(); state is {self._state.name}")
         return {
             self.STATE_TYPE: type(self).__name__,
             self.STATE_CONFIG: self._config.to_dict(),
@@ -269,7 +269,7 @@ class Backend(ABC):
         backend._mark_checkpoint_loaded()
         return backend
 
-    def _load_extra_state(self, module: torch.nn.Module | None, state_dict: dict[str, Any]) -> None:
+    def _load_extra_state(self, module: torch.nn.Module | None, state_dict: dict[str, Any]) -> None:  # noqa: B027
         """Restore what `_extra_state` saved (subclasses)."""
 
     # ----------------------------------------------------------------- subclass hooks
@@ -277,10 +277,10 @@ class Backend(ABC):
     def _build(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
         """Produce a runnable backend; raise on failure."""
 
-    def _activate(self) -> None:
+    def _activate(self) -> None:  # noqa: B027
         """Re-create runtime resources after deactivate() or checkpoint load."""
 
-    def _deactivate(self) -> None:
+    def _deactivate(self) -> None:  # noqa: B027
         """Release runtime resources (GPU memory, compiled caches)."""
 
     def _deploy(self) -> None:
