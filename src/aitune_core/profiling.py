@@ -1,0 +1,247 @@
+"""Latency and throughput measurement, and batches of a chosen size made from a recorded sample.
+
+`measure(fn, args, kwargs, device=...)` returns the median latency of one call in milliseconds:
+
+- on CUDA, each call is bracketed by a pair of CUDA events on the current stream and the device is synchronized
+  once at the end (the events give GPU-side time without a host sync per iteration);
+- on CPU, `time.perf_counter()` around each call.
+
+Every call runs under `torch.no_grad()`. The number of calls is `warmup` (not timed), then at least
+`iterations` timed calls and, if `min_time_s` is set, more calls until that much time was spent timing (capped
+by `max_iterations`). The defaults differ per device and live in `settings`, a module-level `ProfileSettings` the
+caller (or a test) may change:
+
+    from aitune_core import profiling
+    profiling.settings.cpu_iterations = 3
+
+`make_batch(sample, graph_spec, batch_size)` makes the inputs of a call with another batch size from one
+recorded sample by repeating it along the batch axes of the GraphSpec (indices `arange(new) % old`), which is how
+`HighestThroughputStrategy` profiles at batch sizes that were never recorded. Only shapes matter for profiling;
+the values are the recorded ones, repeated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
+
+
+@dataclasses.dataclass
+class ProfileSettings:
+    """Defaults of `measure`, per device type. Keep the CPU ones small: CPU runs in tests and CI."""
+
+    cpu_warmup: int = 1
+    cpu_iterations: int = 5
+    cpu_min_time_s: float = 0.05
+    cuda_warmup: int = 10
+    cuda_iterations: int = 30
+    cuda_min_time_s: float = 0.2
+    max_iterations: int = 1000
+
+    def for_device(self, device: torch.device) -> tuple[int, int, float]:
+        if device.type == "cuda":
+            return self.cuda_warmup, self.cuda_iterations, self.cuda_min_time_s
+        return self.cpu_warmup, self.cpu_iterations, self.cpu_min_time_s
+
+
+settings = ProfileSettings()
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """Result of `profile`: median latency of one call and the derived throughput (samples per second)."""
+
+    latency_ms: float
+    batch_size: int
+    iterations: int
+
+    @property
+    def throughput(self) -> float:
+        return throughput(self.batch_size, self.latency_ms)
+
+
+def throughput(batch_size: int, latency_ms: float) -> float:
+    """Samples per second for `batch_size` samples per call taking `latency_ms`."""
+    return batch_size * 1000.0 / max(latency_ms, 1e-9)
+
+
+def _resolve_device(device: torch.device | str | None, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    from aitune_core.specs.tree import flatten_values
+
+    leaves, _ = flatten_values((tuple(args), dict(kwargs)))
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            return leaf.device
+    return torch.device("cpu")
+
+
+def measure_all(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    device: torch.device | str | None = None,
+    warmup: int | None = None,
+    iterations: int | None = None,
+    min_time_s: float | None = None,
+) -> list[float]:
+    """Latencies (ms) of every timed call; see `measure`."""
+    kwargs = dict(kwargs or {})
+    dev = _resolve_device(device, args, kwargs)
+    d_warmup, d_iterations, d_min_time = settings.for_device(dev)
+    warmup = d_warmup if warmup is None else warmup
+    iterations = d_iterations if iterations is None else iterations
+    min_time_s = d_min_time if min_time_s is None else min_time_s
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    cuda = dev.type == "cuda" and torch.cuda.is_available()
+
+    with torch.no_grad():
+        for _ in range(max(warmup, 0)):
+            fn(*args, **kwargs)
+        if cuda:
+            with torch.cuda.device(dev):
+                torch.cuda.synchronize()
+                events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+                start_wall = time.perf_counter()
+                while len(events) < settings.max_iterations and (
+                    len(events) < iterations or time.perf_counter() - start_wall < min_time_s
+                ):
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record()
+                    fn(*args, **kwargs)
+                    end.record()
+                    events.append((begin, end))
+                    if min_time_s and len(events) >= iterations and len(events) % iterations == 0:
+                        torch.cuda.synchronize()  # so that the wall clock check sees finished work
+                torch.cuda.synchronize()
+                return [b.elapsed_time(e) for b, e in events]
+        latencies: list[float] = []
+        start_wall = time.perf_counter()
+        while len(latencies) < settings.max_iterations and (
+            len(latencies) < iterations or time.perf_counter() - start_wall < min_time_s
+        ):
+            t0 = time.perf_counter()
+            fn(*args, **kwargs)
+            latencies.append((time.perf_counter() - t0) * 1000.0)
+        return latencies
+
+
+def measure(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    device: torch.device | str | None = None,
+    warmup: int | None = None,
+    iterations: int | None = None,
+    min_time_s: float | None = None,
+) -> float:
+    """Median latency of `fn(*args, **kwargs)` in milliseconds (device from the tensors when not given)."""
+    return statistics.median(
+        measure_all(fn, args, kwargs, device=device, warmup=warmup, iterations=iterations, min_time_s=min_time_s)
+    )
+
+
+def profile(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    batch_size: int = 1,
+    device: torch.device | str | None = None,
+    warmup: int | None = None,
+    iterations: int | None = None,
+    min_time_s: float | None = None,
+) -> Measurement:
+    """`measure` plus throughput for `batch_size` samples per call."""
+    latencies = measure_all(
+        fn, args, kwargs, device=device, warmup=warmup, iterations=iterations, min_time_s=min_time_s
+    )
+    return Measurement(statistics.median(latencies), batch_size, len(latencies))
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for CUDA (or host) out-of-memory errors, which end a batch-size search instead of failing it."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError | MemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+# ------------------------------------------------------------------------------------------- batches
+def _input_leaves(graph_spec: GraphSpec, sample: Sample) -> tuple[list[Any], Any, Any]:
+    """The flattened bound inputs of `sample`: (leaf values, treedef, binder)."""
+    from aitune_core.specs.tree import flatten_values
+
+    binder = graph_spec.binder
+    bound = binder.bind(sample.args, sample.kwargs)
+    values, treedef = flatten_values(bound)
+    return values, treedef, binder
+
+
+def sample_batch_size(graph_spec: GraphSpec, sample: Sample) -> int | None:
+    """Batch size of a recorded sample: `sample.batch_size`, else the size of the first batch axis of its inputs."""
+    if sample.batch_size:
+        return int(sample.batch_size)
+    values, _, _ = _input_leaves(graph_spec, sample)
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    for spec, tensor in zip(graph_spec.input_spec.tensors, tensors):
+        axes = spec.batch_axes()
+        if axes:
+            return int(tensor.shape[axes[0]])
+    return None
+
+
+def batch_range(graph_spec: GraphSpec) -> tuple[int, int] | None:
+    """(min, max) recorded size of the first batch axis of the inputs, or None when there is no batch axis."""
+    for spec in graph_spec.input_spec.tensors:
+        axes = spec.batch_axes()
+        if axes:
+            return spec.min_shape[axes[0]], spec.max_shape[axes[0]]
+    return None
+
+
+def _resize_axis(tensor: torch.Tensor, axis: int, old_batch: int, new_batch: int) -> torch.Tensor:
+    size = tensor.shape[axis]
+    if size == 0 or old_batch <= 0:
+        return tensor
+    # an axis may hold k samples per batch item (e.g. batch * heads): keep the ratio when it divides
+    new_size = size * new_batch // old_batch if size % old_batch == 0 else max(1, round(size * new_batch / old_batch))
+    if new_size == size:
+        return tensor
+    index = torch.arange(new_size, device=tensor.device) % size
+    return tensor.index_select(axis, index)
+
+
+def make_batch(sample: Sample, graph_spec: GraphSpec, batch_size: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Inputs `(args, kwargs)` of a call with `batch_size` items, made by repeating `sample` along batch axes."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    old_batch = sample_batch_size(graph_spec, sample) if graph_spec.has_batch_axis() else None
+    if old_batch is None:
+        raise ValueError(f"graph {graph_spec.name} has no batch axis; cannot make a batch of size {batch_size}")
+    values, treedef, binder = _input_leaves(graph_spec, sample)
+    from aitune_core.specs.tree import unflatten
+
+    specs = iter(graph_spec.input_spec.tensors)
+    new_values = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            spec = next(specs)
+            for axis in spec.batch_axes():
+                value = _resize_axis(value, axis, old_batch, batch_size)
+        new_values.append(value)
+    bound = unflatten(treedef, new_values)
+    args, kwargs = binder.unbind(bound)
+    return tuple(args), dict(kwargs)

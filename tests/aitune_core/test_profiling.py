@@ -1,0 +1,84 @@
+import time
+
+import pytest
+import torch
+from core_fakes import TinyMLP, record
+
+from aitune_core import profiling
+from aitune_core.profiling import batch_range, make_batch, measure, profile, sample_batch_size, throughput
+from aitune_core.recording.graph_recorder import GraphRecorder
+
+
+def test_measure_returns_the_median_in_ms():
+    delays = iter([0.02, 0.001, 0.001, 0.001, 0.02, 0.001])
+
+    def fn():
+        time.sleep(next(delays, 0.001))
+
+    latency = measure(fn, device="cpu", warmup=1, iterations=5)
+    assert 0.5 < latency < 10
+
+
+def test_settings_are_configurable(monkeypatch):
+    calls = []
+    monkeypatch.setattr(profiling.settings, "cpu_warmup", 2)
+    monkeypatch.setattr(profiling.settings, "cpu_iterations", 3)
+    monkeypatch.setattr(profiling.settings, "cpu_min_time_s", 0.0)
+    result = profile(lambda: calls.append(1), batch_size=4)
+    assert len(calls) == 5 and result.iterations == 3
+    assert result.throughput == pytest.approx(throughput(4, result.latency_ms))
+    with pytest.raises(ValueError):
+        measure(lambda: None, iterations=0)
+
+
+def test_min_time_adds_iterations():
+    result = profile(lambda: time.sleep(0.002), device="cpu", warmup=0, iterations=1, min_time_s=0.02)
+    assert result.iterations >= 5
+
+
+def test_out_of_memory_detection():
+    assert profiling.is_out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate"))
+    assert profiling.is_out_of_memory(MemoryError())
+    assert not profiling.is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+def test_make_batch_repeats_along_batch_axes():
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    assert batch_range(spec) == (2, 4)
+    sample = data[0]
+    assert sample_batch_size(spec, sample) == sample.args[0].shape[0]
+    args, kwargs = make_batch(sample, spec, 7)
+    assert args[0].shape == (7, 8) and kwargs == {}
+    b = sample.args[0].shape[0]
+    assert torch.equal(args[0][b], sample.args[0][0])
+    args, _ = make_batch(sample, spec, 1)
+    assert args[0].shape == (1, 8)
+
+
+class TwoInputs(torch.nn.Module):
+    def forward(self, x, mask=None, scale=1.0):
+        return x * scale if mask is None else x * mask * scale
+
+
+def test_make_batch_keeps_keywords_static_axes_and_constants():
+    model = TwoInputs()
+    recorder = GraphRecorder(model)
+    for batch, seq in ((2, 5), (4, 7)):
+        x, mask = torch.randn(batch, seq, 3), torch.ones(batch, seq, 3)
+        recorder.record((x,), {"mask": mask, "scale": 2.0}, model(x, mask=mask, scale=2.0), batch_size=batch)
+    spec = recorder.graph_specs[0]
+    sample = recorder.samples(spec)[0]
+    args, kwargs = make_batch(sample, spec, 8)
+    bound = spec.bind(args, kwargs)
+    seq = sample.args[0].shape[1]
+    assert bound["x"].shape == (8, seq, 3) and bound["mask"].shape == (8, seq, 3) and bound["scale"] == 2.0
+    assert model(*args, **kwargs).shape == (8, seq, 3)
+
+
+def test_make_batch_without_batch_axis_fails():
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(3,))
+    assert batch_range(spec) is None
+    with pytest.raises(ValueError, match="no batch axis"):
+        make_batch(data[0], spec, 4)
