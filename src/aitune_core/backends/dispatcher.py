@@ -1,0 +1,84 @@
+"""`GraphDispatcher`: route a call to the backend tuned for its graph, or to the fallback (the original module).
+
+A call goes to the backend of the first GraphSpec that `accepts` it (same argument layout, tensor ranks and dtypes,
+strict-mode constants, and every axis inside the tuned [min, max] range). Otherwise it goes to `fallback` and a
+WARNING is logged naming the module and the offending shapes - once per (module name, reason), where the reason is
+the mismatch text with its numbers removed, so a stream of calls with new sequence lengths does not flood the log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from aitune_core.log import get_logger
+
+if TYPE_CHECKING:
+    from aitune_core.backends.backend import Backend
+    from aitune_core.specs.graph_spec import GraphSpec
+
+_logger = get_logger("dispatch")
+_NUMBERS = re.compile(r"\d+")
+
+
+class GraphDispatcher:
+    """Callable that runs `backend.infer(*args, **kwargs)` for the graph the call belongs to, else `fallback`."""
+
+    __slots__ = ("_entries", "_fallback", "_single", "_warned", "misses", "name")
+
+    def __init__(self, entries: Sequence[tuple[GraphSpec, Backend]], fallback: Callable[..., Any], name: str) -> None:
+        self._entries: tuple[tuple[GraphSpec, Backend], ...] = tuple(entries)
+        self._fallback = fallback
+        self._single = self._entries[0] if len(self._entries) == 1 else None
+        self._warned: set[tuple[str, str]] = set()
+        self.misses = 0  # calls that went to the fallback
+        self.name = name
+
+    @property
+    def entries(self) -> tuple[tuple[GraphSpec, Backend], ...]:
+        return self._entries
+
+    @property
+    def fallback(self) -> Callable[..., Any]:
+        return self._fallback
+
+    def backend_for(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Backend | None:
+        """The backend that would serve the call, or None (fallback)."""
+        for spec, backend in self._entries:
+            if spec.accepts(args, kwargs):
+                return backend
+        return None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        single = self._single
+        if single is not None:
+            if single[0].accepts(args, kwargs):
+                return single[1].infer(*args, **kwargs)
+        else:
+            for spec, backend in self._entries:
+                if spec.accepts(args, kwargs):
+                    return backend.infer(*args, **kwargs)
+        self._missed(args, kwargs)
+        return self._fallback(*args, **kwargs)
+
+    # ------------------------------------------------------------------ slow path
+    def _missed(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        self.misses += 1
+        try:
+            reasons = [(spec.name, spec.mismatch(args, kwargs) or "no reason given") for spec, _ in self._entries]
+        except Exception as exc:  # explaining must never break the user's call
+            reasons = [("?", f"could not explain the mismatch: {type(exc).__name__}: {exc}")]
+        if not reasons:
+            reasons = [("-", "no tuned graph")]
+        key = (self.name, "; ".join(_NUMBERS.sub("#", reason) for _, reason in reasons))
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        details = "; ".join(f"graph {name}: {reason}" for name, reason in reasons)
+        _logger.warning(
+            "Module `%s`: call does not match any tuned graph, running the original module instead (%s). "
+            "This warning is shown once per reason.",
+            self.name,
+            details,
+        )

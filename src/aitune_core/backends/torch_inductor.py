@@ -1,0 +1,386 @@
+"""`TorchInductorBackend`: `torch.compile(module, backend="inductor")` with the shapes of the recorded graph.
+
+Build
+    The module is wrapped with `torch.compile(..., backend="inductor", fullgraph, dynamic, mode, options)` and every
+    recorded sample is run through the compiled module exactly once (never through the original module again:
+    modules may be stateful). Before the warm-up calls, the batch and dynamic axes of the GraphSpec are marked
+    dynamic on (aliases of) the sample tensors with `torch._dynamo.mark_dynamic(t, axis, min=, max=)`, the
+    recorded range of that axis, so a single dynamic graph serves every shape inside the range and later calls do
+    not recompile. Dynamo specializes sizes 0 and 1, so an axis is marked only where the sample's size is >= 2
+    (with `min=max(2, recorded min)`); a recorded size of 1 gets its own specialized graph during warm-up. If the
+    model's code forces an axis to be static (a `ConstraintViolationError`), the build retries once with
+    `maybe_mark_dynamic` (a hint instead of a constraint). `dynamic=False` disables marking (always specialize).
+
+Inference
+    Runs the compiled module, inside `torch.autocast(device_type, dtype)` when autocast is enabled; floating outputs
+    are cast back to the dtypes the original module returned, so callers see the same dtypes. Grad mode and
+    inference mode are part of dynamo's guards, and the warm-up runs under `torch.no_grad()`: the first call under
+    another mode (grad enabled, `torch.inference_mode()`) compiles once more. That call's inputs are marked the same
+    way (on detached aliases), so the extra compile is dynamic over the recorded range - one per mode, not one per
+    shape. The first call after `activate()` / `deploy()` is marked too (it normally hits dynamo's cache). Autograd
+    is left as the caller has it: a call with grad enabled gets outputs with autograd history.
+
+CUDA graphs
+    With `mode="reduce-overhead"`, `mode="max-autotune"` or the option `triton.cudagraphs` on a CUDA device, Inductor
+    replays CUDA graphs whose output buffers are overwritten by the next replay. `_infer` therefore calls
+    `torch.compiler.cudagraph_mark_step_begin()` before each call and clones every output tensor, so callers can keep
+    outputs across calls. Cost: one device-to-device copy of the outputs per call (small next to the launch overhead
+    CUDA graphs save, but it is there; measured throughput includes it).
+
+Recompile limit
+    Dynamo keeps at most `torch._dynamo.config.recompile_limit` (8) compiled entries per code object, shared by
+    every `torch.compile` wrapper of the same forward, and silently runs eager beyond it. The warm-up (and the first
+    call after activation) therefore run with the limit raised to `RECOMPILE_LIMIT` for their duration only.
+
+Deactivate
+    Drops the compiled wrapper and the references to the samples. `torch._dynamo.reset()` is global (it would throw
+    away every other compiled function in the process) and is deliberately not called, so the generated code stays
+    in dynamo's per-code-object cache until the process ends; re-activating reuses it.
+
+Checkpoint (`to_dict` / `from_dict`)
+    Only the configuration, the output dtypes, the forward binder and the dynamic-axis marks are stored. The
+    module's weights are the user's: the checkpoint layer saves the module state separately and passes the module
+    back to `from_dict`, which requires it. Compilation happens again (lazily, on the first call) after loading.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from aitune_core.backends.backend import Backend, BackendConfig
+from aitune_core.log import get_logger
+from aitune_core.specs.binding import Binder
+from aitune_core.specs.tensor_spec import dtype_from_str
+from aitune_core.specs.tree import flatten_values, tree_map, unflatten
+
+if TYPE_CHECKING:
+    from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
+
+_logger = get_logger("backend.inductor")
+
+#: `torch.compile` modes (see `torch._inductor.list_mode_options()`).
+VALID_MODES: tuple[str, ...] = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_CUDAGRAPH_MODES = frozenset({"reduce-overhead", "max-autotune"})
+AUTOCAST_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
+
+
+def _as_dtype(value: Any, field_name: str) -> Any:
+    if isinstance(value, str):
+        try:
+            return dtype_from_str(value)
+        except ValueError as exc:
+            raise ValueError(f"{field_name}: {exc}") from None
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchInductorBackendConfig(BackendConfig):
+    """Configuration of `torch.compile` with the Inductor backend.
+
+    Args:
+        fullgraph: require one graph for the whole module (graph breaks fail the build).
+        dynamic: `torch.compile(dynamic=...)`; None lets dynamo decide (the recorded batch/dynamic axes are still
+            marked dynamic), False always specializes (no marking), True traces as dynamically as possible.
+        mode: one of `VALID_MODES`; cannot be combined with `options`.
+        options: Inductor options (`torch._inductor.list_options()`); cannot be combined with `mode`.
+        autocast_enabled: run inference inside `torch.autocast`.
+        autocast_dtype: `torch.float16` or `torch.bfloat16` (a string such as "torch.float16" is accepted, for
+            configs read back from JSON); None means the device's autocast default (float16 on CUDA, bfloat16 on
+            CPU).
+    """
+
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    mode: str | None = None
+    options: dict[str, Any] | None = None
+    autocast_enabled: bool = False
+    autocast_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode is not None and self.options is not None:
+            raise ValueError(
+                "TorchInductorBackendConfig: cannot specify both 'mode' and 'options'. Use 'mode' for a predefined "
+                "configuration or 'options' for custom Inductor options, not both."
+            )
+        if self.mode is not None and self.mode not in VALID_MODES:
+            raise ValueError(
+                f"TorchInductorBackendConfig: unknown mode {self.mode!r}; valid modes: {', '.join(VALID_MODES)}"
+            )
+        if self.options is not None and not isinstance(self.options, dict):
+            raise ValueError(f"TorchInductorBackendConfig: options must be a dict, got {type(self.options).__name__}")
+        for name in ("fullgraph", "autocast_enabled"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TorchInductorBackendConfig: {name} must be a bool, got {getattr(self, name)!r}")
+        if self.dynamic is not None and not isinstance(self.dynamic, bool):
+            raise ValueError(f"TorchInductorBackendConfig: dynamic must be True, False or None, got {self.dynamic!r}")
+        dtype = _as_dtype(self.autocast_dtype, "TorchInductorBackendConfig.autocast_dtype")
+        if dtype is not None:
+            if not isinstance(dtype, torch.dtype) or dtype not in AUTOCAST_DTYPES:
+                raise ValueError(
+                    "TorchInductorBackendConfig: autocast_dtype must be torch.float16 or torch.bfloat16, "
+                    f"got {self.autocast_dtype!r}"
+                )
+            object.__setattr__(self, "autocast_dtype", dtype)
+
+    @property
+    def wants_cudagraphs(self) -> bool:
+        if self.mode in _CUDAGRAPH_MODES:
+            return True
+        options = self.options or {}
+        nested = options.get("triton")
+        return bool(options.get("triton.cudagraphs") or (isinstance(nested, dict) and nested.get("cudagraphs")))
+
+
+# (tensor position in input_spec.tensors, axis, min, max)
+_Mark = tuple[int, int, int, int]
+
+
+#: Dynamo keeps at most `recompile_limit` (default 8) compiled entries per code object - counting every
+#: `torch.compile` wrapper of the same forward - and silently runs eager beyond it. Several Inductor configs x
+#: graphs x specialized batch-1 graphs of one module can reach that, so compiles made by this backend (warm-up
+#: and the first call after activation) run with the limit raised to at least this value. The global setting
+#: is restored afterwards.
+RECOMPILE_LIMIT = 64
+
+
+def _raised_recompile_limit() -> Any:
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        current = getattr(config, name, None)
+        if isinstance(current, int):
+            return config.patch(**{name: max(current, RECOMPILE_LIMIT)})
+    return contextlib.nullcontext()
+
+
+def _constraint_violation(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if type(exc).__name__ == "ConstraintViolationError":
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+class TorchInductorBackend(Backend):
+    """Compiles the module with `torch.compile(backend="inductor")`; see the module docstring for the details."""
+
+    config_class = TorchInductorBackendConfig
+    STATE_OUTPUT_DTYPES: ClassVar[str] = "output_dtypes"
+    STATE_DYNAMIC_MARKS: ClassVar[str] = "dynamic_marks"
+    STATE_BINDER: ClassVar[str] = "binder"
+
+    def __init__(self, config: TorchInductorBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._module: torch.nn.Module | None = None
+        self._binder: Binder | None = None
+        self._compiled: Any = None
+        self._output_dtypes: list[torch.dtype] = []
+        self._marks: list[_Mark] = []
+        self._soft_marks = False
+        # (grad enabled, inference mode) states a dynamic graph was compiled for; see `_infer`
+        self._compiled_modes: set[tuple[bool, bool]] = set()
+        self._cudagraphs = False
+
+    @property
+    def config(self) -> TorchInductorBackendConfig:
+        return self._config  # type: ignore[return-value]
+
+    @property
+    def is_jit(self) -> bool:
+        return True
+
+    def tolerance(self, dtype: torch.dtype) -> Any:
+        """With autocast, floating outputs are computed in the autocast dtype: validate with its tolerance."""
+        from aitune_core.validation.tolerance import default_tolerance
+
+        base = default_tolerance(dtype, self._device)
+        if self.config.autocast_enabled and (dtype.is_floating_point or dtype.is_complex):
+            return base.widen(default_tolerance(self._autocast_dtype(), self._device))
+        return base
+
+    # ------------------------------------------------------------------------------ helpers
+    def _autocast_dtype(self) -> torch.dtype:
+        if self.config.autocast_dtype is not None:
+            return self.config.autocast_dtype
+        device_type = self._device.type if self._device is not None else "cpu"
+        return torch.float16 if device_type == "cuda" else torch.bfloat16
+
+    def _compile(self) -> Any:
+        cfg = self.config
+        return torch.compile(
+            self._module,
+            backend="inductor",
+            fullgraph=cfg.fullgraph,
+            dynamic=cfg.dynamic,
+            mode=cfg.mode,
+            options=dict(cfg.options) if cfg.options is not None else None,
+        )
+
+    @staticmethod
+    def _marks_for(graph_spec: GraphSpec) -> list[_Mark]:
+        marks: list[_Mark] = []
+        for position, spec in enumerate(graph_spec.input_spec.tensors):
+            for axis in spec.non_static_axes():
+                low, high = spec.min_shape[axis], spec.max_shape[axis]
+                if high > low:
+                    marks.append((position, axis, low, high))
+        return marks
+
+    def _marked_inputs(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, soft: bool
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's inputs with the recorded dynamic axes marked, on detached aliases of the tensors."""
+        binder = self._binder
+        if not self._marks or binder is None or self.config.dynamic is False:
+            return args, kwargs
+        try:
+            values, treedef = flatten_values(binder.bind(args, kwargs))
+        except TypeError:
+            return args, kwargs
+        tensor_slots = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+        aliases: dict[int, torch.Tensor] = {}
+        for position, axis, low, high in self._marks:
+            if position >= len(tensor_slots):
+                continue
+            slot = tensor_slots[position]
+            tensor = aliases.get(slot, values[slot])
+            if tensor.requires_grad or axis >= tensor.dim():
+                continue
+            size = int(tensor.shape[axis])
+            if size < 2:  # dynamo specializes 0 and 1; this call gets its own graph
+                continue
+            if slot not in aliases:
+                tensor = aliases[slot] = tensor.detach()
+            if soft:
+                torch._dynamo.maybe_mark_dynamic(tensor, axis)
+            else:
+                lower = max(2, low)
+                if high > lower:
+                    torch._dynamo.mark_dynamic(tensor, axis, min=lower, max=high)
+                else:
+                    torch._dynamo.maybe_mark_dynamic(tensor, axis)
+        if not aliases:
+            return args, kwargs
+        for slot, alias in aliases.items():
+            values[slot] = alias
+        new_args, new_kwargs = binder.unbind(unflatten(treedef, values))
+        return tuple(new_args), dict(new_kwargs)
+
+    def _restore_output_dtypes(self, output: Any) -> Any:
+        values, treedef = flatten_values(output)
+        dtypes = iter(self._output_dtypes)
+        changed = False
+        for index, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                want = next(dtypes, None)
+                if want is not None and value.dtype != want and value.is_floating_point() and want.is_floating_point:
+                    values[index] = value.to(want)
+                    changed = True
+        return unflatten(treedef, values) if changed else output
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        compiled = self._compiled
+        if self._cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        if self.config.autocast_enabled:
+            with torch.autocast(device_type=self._device.type, dtype=self._autocast_dtype()):  # type: ignore[union-attr]
+                output = compiled(*args, **kwargs)
+            output = self._restore_output_dtypes(output)
+        else:
+            output = compiled(*args, **kwargs)
+        if self._cudagraphs:
+            # the next replay overwrites the graph's output buffers: give the caller tensors it owns
+            output = tree_map(torch.Tensor.clone, output)
+        return output
+
+    def _order_for_warmup(self, graph_spec: GraphSpec, data: list[Sample]) -> list[Sample]:
+        """Largest shapes first, so that the first compile sees every marked axis at size >= 2."""
+
+        def size_key(sample: Sample) -> tuple[int, int]:
+            try:
+                tensors = graph_spec.input_tensors(sample.args, sample.kwargs)
+            except Exception:
+                return (0, 0)
+            small = sum(1 for t in tensors for s in t.shape if s < 2)
+            return (small, -sum(t.numel() for t in tensors))
+
+        return sorted(data, key=size_key)
+
+    # ------------------------------------------------------------------------------ hooks
+    def _build(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
+        self._module = module
+        self._binder = graph_spec.binder
+        self._output_dtypes = [spec.dtype for spec in graph_spec.output_spec.tensors]
+        self._marks = self._marks_for(graph_spec)
+        self._cudagraphs = self.config.wants_cudagraphs and self._device is not None and self._device.type == "cuda"
+        self._compiled = self._compile()
+        device = self._device
+        ordered = self._order_for_warmup(graph_spec, data)
+        with torch.no_grad(), _raised_recompile_limit():
+            for index, sample in enumerate(ordered):
+                args, kwargs = sample.inputs_to(device) if device is not None else (sample.args, sample.kwargs)
+                try:
+                    self._run(*self._marked_inputs(tuple(args), dict(kwargs), soft=self._soft_marks))
+                except Exception as exc:
+                    # dynamo raises before running anything when a marked axis is specialized by the model's
+                    # code: hint instead of constrain and retry this sample once
+                    if self._soft_marks or not _constraint_violation(exc):
+                        raise
+                    _logger.info(
+                        "%s: the model specializes a recorded dynamic axis; retrying with maybe_mark_dynamic (%s)",
+                        self.describe(),
+                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    )
+                    self._soft_marks = True
+                    self._compiled = self._compile()
+                    self._run(*self._marked_inputs(tuple(args), dict(kwargs), soft=True))
+                _logger.debug("%s: warm-up sample %d/%d done", self.describe(), index + 1, len(ordered))
+        self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
+
+    def _activate(self) -> None:
+        if self._module is None:
+            raise RuntimeError(f"{self.name}: no module to compile (from_dict needs the original module)")
+        self._cudagraphs = self.config.wants_cudagraphs and self._device is not None and self._device.type == "cuda"
+        self._compiled = self._compile()
+        self._compiled_modes = set()
+
+    def _deactivate(self) -> None:
+        self._compiled = None
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        if mode not in self._compiled_modes:
+            # Grad mode and inference mode are part of dynamo's guards: the first call in a mode the warm-up did
+            # not cover (or the first call after activate/deploy) compiles again. Mark its inputs so that this
+            # compile is dynamic over the recorded range too: one compile per mode, not one per shape.
+            self._compiled_modes.add(mode)
+            args, kwargs = self._marked_inputs(args, kwargs, soft=self._soft_marks)
+            with _raised_recompile_limit():
+                return self._run(args, kwargs)
+        return self._run(args, kwargs)
+
+    # ------------------------------------------------------------------------------ checkpoint
+    def _extra_state(self) -> dict[str, Any]:
+        return {
+            self.STATE_OUTPUT_DTYPES: [str(d) for d in self._output_dtypes],
+            self.STATE_DYNAMIC_MARKS: [list(m) for m in self._marks],
+            self.STATE_BINDER: self._binder.to_dict() if self._binder is not None else None,
+            "soft_marks": self._soft_marks,
+        }
+
+    def _load_extra_state(self, module: torch.nn.Module | None, state_dict: dict[str, Any]) -> None:
+        if module is None:
+            raise ValueError(f"{self.name}.from_dict needs the original module (its weights are saved separately)")
+        self._module = module
+        self._output_dtypes = [dtype_from_str(str(d)) for d in state_dict.get(self.STATE_OUTPUT_DTYPES, [])]
+        self._marks = [tuple(int(v) for v in m) for m in state_dict.get(self.STATE_DYNAMIC_MARKS, [])]  # type: ignore[misc]
+        self._soft_marks = bool(state_dict.get("soft_marks", False))
+        binder = state_dict.get(self.STATE_BINDER)
+        self._binder = Binder.from_dict(binder) if binder is not None else None

@@ -1,0 +1,73 @@
+import logging
+
+import torch
+from core_fakes import GoodBackend, TinyMLP, record
+
+from aitune_core.backends.dispatcher import GraphDispatcher
+
+
+def _setup(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    backend = GoodBackend().build(model, spec, data, torch.device("cpu"), tmp_path)
+    calls = {"backend": 0, "fallback": 0}
+    original = backend._infer
+
+    def counting_infer(*args, **kwargs):
+        calls["backend"] += 1
+        return original(*args, **kwargs)
+
+    backend._infer = counting_infer
+
+    def fallback(*args, **kwargs):
+        calls["fallback"] += 1
+        return model(*args, **kwargs)
+
+    return model, spec, backend, fallback, calls
+
+
+def test_routes_calls_inside_the_range_to_the_backend(tmp_path, caplog):
+    model, spec, backend, fallback, calls = _setup(tmp_path)
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp")
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        for batch in (2, 3, 4):
+            x = torch.randn(batch, 8)
+            assert torch.equal(dispatcher(x), model(x))
+    assert calls == {"backend": 3, "fallback": 0}
+    assert not caplog.records
+    assert dispatcher.backend_for((torch.randn(3, 8),), {}) is backend
+
+
+def test_fallback_warns_once_per_reason_with_shapes(tmp_path, caplog):
+    model, spec, backend, fallback, calls = _setup(tmp_path)
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp")
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        for batch in (8, 16, 32):  # outside the tuned batch range: same reason, different shapes
+            x = torch.randn(batch, 8)
+            assert torch.equal(dispatcher(x), model(x))
+    assert calls == {"backend": 0, "fallback": 3}
+    assert dispatcher.misses == 3
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert "`mlp`" in message and "[8, 8]" in message and "[2, 8]..[4, 8]" in message
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        dispatcher(torch.randn(3, 8, dtype=torch.float64).float().unsqueeze(0))  # other rank: a new reason
+        dispatcher(torch.randn(2, 3, 8))
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert calls["fallback"] == 5
+
+
+def test_several_graphs(tmp_path):
+    model, spec, backend, fallback, calls = _setup(tmp_path)
+    other_model = TinyMLP(features=6).eval()
+    other_spec, other_data = record(other_model, batch_sizes=(1, 2), features=6)
+    other = GoodBackend().build(model, other_spec, other_data, torch.device("cpu"), tmp_path)
+    dispatcher = GraphDispatcher([(other_spec, other), (spec, backend)], fallback, "mlp")
+    assert dispatcher.backend_for((torch.randn(3, 8),), {}) is backend
+    assert dispatcher.backend_for((torch.randn(1, 6),), {}) is other
+    assert dispatcher.backend_for((torch.randn(9, 8),), {}) is None
+    dispatcher(torch.randn(3, 8))
+    assert calls["backend"] == 1

@@ -1,0 +1,203 @@
+import json
+
+import pytest
+import torch
+from core_fakes import TinyMLP, record
+
+from aitune_core.backends.backend import BackendState, to_jsonable
+from aitune_core.backends.torch_inductor import VALID_MODES, TorchInductorBackend, TorchInductorBackendConfig
+from aitune_core.errors import BackendBuildError
+from aitune_core.validation.tolerance import default_tolerance
+from aitune_core.validation.validator import validate_backend
+
+
+# ------------------------------------------------------------------------- config
+def test_mode_and_options_are_exclusive():
+    with pytest.raises(ValueError, match="both 'mode' and 'options'"):
+        TorchInductorBackendConfig(mode="max-autotune", options={"max_autotune": True})
+
+
+def test_unknown_mode_lists_valid_modes():
+    with pytest.raises(ValueError) as info:
+        TorchInductorBackendConfig(mode="fastest")
+    for mode in VALID_MODES:
+        assert mode in str(info.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, "float64", 3])
+def test_autocast_dtype_must_be_half_or_bfloat16(dtype):
+    with pytest.raises(ValueError, match="autocast_dtype"):
+        TorchInductorBackendConfig(autocast_enabled=True, autocast_dtype=dtype)
+
+
+def test_autocast_dtype_accepts_strings_from_json():
+    config = TorchInductorBackendConfig(autocast_enabled=True, autocast_dtype="torch.bfloat16")
+    assert config.autocast_dtype is torch.bfloat16
+    dumped = json.loads(json.dumps(to_jsonable(config.to_dict())))
+    assert TorchInductorBackendConfig.from_dict(dumped) == config
+
+
+def test_describe_matches_the_seed():
+    backend = TorchInductorBackend(TorchInductorBackendConfig(autocast_enabled=True, autocast_dtype=torch.float16))
+    assert backend.describe() == "TorchInductorBackend(autocast_enabled=True,autocast_dtype=torch.float16)"
+    assert TorchInductorBackend().describe() == "TorchInductorBackend()"
+    assert (
+        TorchInductorBackendConfig(mode="max-autotune", fullgraph=True).describe()
+        == "fullgraph=True,mode='max-autotune'"
+    )
+
+
+def test_cudagraph_detection():
+    assert TorchInductorBackendConfig(mode="reduce-overhead").wants_cudagraphs
+    assert TorchInductorBackendConfig(mode="max-autotune").wants_cudagraphs
+    assert not TorchInductorBackendConfig(mode="max-autotune-no-cudagraphs").wants_cudagraphs
+    assert TorchInductorBackendConfig(options={"triton.cudagraphs": True}).wants_cudagraphs
+    assert not TorchInductorBackendConfig().wants_cudagraphs
+
+
+def test_autocast_widens_float_tolerance():
+    backend = TorchInductorBackend(TorchInductorBackendConfig(autocast_enabled=True, autocast_dtype=torch.float16))
+    assert backend.tolerance(torch.float32) == default_tolerance(torch.float16)
+    assert backend.tolerance(torch.int64).exact
+    assert TorchInductorBackend().tolerance(torch.float32) == default_tolerance(torch.float32)
+
+
+def test_fullgraph_graph_break_fails_the_build(tmp_path):
+    class Breaks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            if x.sum().item() > 0:  # data-dependent branch: a graph break
+                return self.fc(x)
+            return -self.fc(x)
+
+    model = Breaks().eval()
+    spec, data = record(model)
+    backend = TorchInductorBackend(TorchInductorBackendConfig(fullgraph=True))
+    with pytest.raises(BackendBuildError, match="TorchInductorBackend"):
+        backend.build(model, spec, data, torch.device("cpu"), tmp_path)
+    assert backend.state is BackendState.INIT
+
+
+def test_checkpoint_needs_the_module():
+    state = {"type": "TorchInductorBackend", "config": TorchInductorBackendConfig().to_dict(), "device": "cpu"}
+    with pytest.raises(ValueError, match="original module"):
+        TorchInductorBackend.from_dict(None, state)
+
+
+# ------------------------------------------------------------------------- the one real compile
+def _unique_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.slow
+def test_inductor_on_cpu_does_not_recompile_inside_the_recorded_range(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(1, 8))  # batch 1 is specialized by dynamo; 2..8 share one graph
+    assert spec.input_spec.tensors[0].shape[0] == "batch0"
+
+    backend = TorchInductorBackend().build(model, spec, data, torch.device("cpu"), tmp_path)
+    validate_backend(backend, spec, data)
+    compiled_graphs = _unique_graphs()
+    with torch.no_grad():
+        for batch in (4, 3, 8, 1):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(backend.infer(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _unique_graphs() == compiled_graphs, "a batch size inside the recorded range recompiled"
+
+    # inference mode is a different dynamo guard: one more (dynamic) compile, then no more
+    with torch.inference_mode():
+        for batch in (4, 6, 3):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(backend.infer(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _unique_graphs() <= compiled_graphs + 1
+
+    # checkpoint round trip: config + output dtypes + marks; the module comes from the caller
+    state = json.loads(json.dumps(to_jsonable(backend.to_dict())))
+    backend.deactivate()
+    assert backend._compiled is None
+    loaded = TorchInductorBackend.from_dict(model, state)
+    loaded.deploy("cpu")
+    with torch.no_grad():
+        for batch in (5, 2):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(loaded.infer(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------------------------------- inference paths without compiling
+def _runtime_only(config, compiled, output_dtypes, device="cpu"):
+    """A backend whose `_compiled` is a plain callable: exercises `_run` without paying for a compile."""
+    backend = TorchInductorBackend(config)
+    backend._device = torch.device(device)
+    backend._compiled = compiled
+    backend._output_dtypes = output_dtypes
+    return backend
+
+
+def test_autocast_runs_in_low_precision_and_restores_output_dtypes():
+    model = TinyMLP().eval()
+    seen = []
+
+    def compiled(x):
+        out = model(x)
+        seen.append(out.dtype)
+        return {"out": out, "ids": out.argmax(-1)}
+
+    config = TorchInductorBackendConfig(autocast_enabled=True, autocast_dtype=torch.bfloat16)
+    backend = _runtime_only(config, compiled, [torch.float32, torch.int64])
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        out = backend._run((x,), {})
+    assert seen == [torch.bfloat16]
+    assert out["out"].dtype == torch.float32 and out["ids"].dtype == torch.int64
+    torch.testing.assert_close(out["out"], model(x), rtol=5e-2, atol=5e-2)
+
+
+def test_cudagraph_outputs_are_cloned():
+    buffer = torch.zeros(2, 2)
+
+    def compiled(x):  # like a CUDA graph replay: always the same output storage
+        buffer.copy_(x)
+        return (buffer,)
+
+    backend = _runtime_only(TorchInductorBackendConfig(mode="reduce-overhead"), compiled, [torch.float32])
+    backend._cudagraphs = True
+    first = backend._run((torch.ones(2, 2),), {})[0]
+    backend._run((torch.full((2, 2), 7.0),), {})
+    assert torch.equal(first, torch.ones(2, 2))
+
+
+# ------------------------------------------------------------------------- GPU (run by the lead on the GPU machine)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+@pytest.mark.parametrize(
+    "config",
+    [
+        TorchInductorBackendConfig(mode="reduce-overhead"),
+        TorchInductorBackendConfig(mode="max-autotune-no-cudagraphs", autocast_enabled=True,
+                                   autocast_dtype=torch.float16),
+    ],
+    ids=["reduce-overhead", "autocast-fp16"],
+)
+def test_inductor_on_cuda(config, tmp_path):
+    model = TinyMLP().eval().cuda()
+    spec, data = record(model.cpu(), batch_sizes=(2, 8))
+    model.cuda()
+    backend = TorchInductorBackend(config).build(model, spec, data, torch.device("cuda"), tmp_path)
+    validate_backend(backend, spec, data)
+    compiled_graphs = _unique_graphs()
+    with torch.no_grad():
+        xs = [torch.randn(b, 8, device="cuda") for b in (4, 4, 6)]
+        outs = [backend.infer(x) for x in xs]  # kept across calls: must not be overwritten by later replays
+        for x, out in zip(xs, outs):
+            torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+            assert out.dtype == torch.float32
+    assert _unique_graphs() == compiled_graphs
