@@ -1,0 +1,263 @@
+"""`HighestThroughputStrategy`: build, validate and profile every backend; the highest throughput wins.
+
+Two ways to profile:
+
+- **At an estimated batch size** (AOT, the default when the graph has a batch axis). Before trying backends, the
+  ORIGINAL module is profiled at batch sizes 1, 2, 4, ... (batches made by repeating the largest recorded sample
+  along the GraphSpec's batch axes, see `profiling.make_batch`) up to the largest recorded batch size - backends are
+  built for the recorded range, so larger batches would not be served by them - and at most `max_batch_size`. The
+  search stops when throughput stops improving (by `min_gain`, default 5 %) or the device runs out of memory. Each
+  backend is then profiled at the batch size with the best eager throughput, and that eager measurement is the
+  report's baseline (`TuneReport.eager_latency_ms`).
+- **At recorded shapes** (`profile_at_recorded_shapes=True`, and automatically when the graph has no batch axis):
+  for JIT tuning, where batches cannot be extrapolated. Every backend, and the original module as the baseline, is
+  profiled on one real recorded sample: the most common input shapes among the samples (ties: the largest).
+
+Either way `TuneReport.speedup` = eager latency / selected latency. The strategy never decides to keep eager
+itself: the caller does (JIT's `keep_eager_if_not_faster` uses `TuneReport.beats_eager()`).
+`stop_when_speedup_over=x` stops trying further backends once one is x times faster than eager.
+
+Profiling calls the module and the backends many times: it is not meant for modules whose forward changes their
+own state (KV caches). The module passed in must be callable without being recorded again (the callers pass the
+module with its original forward).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from aitune_core import profiling
+from aitune_core.backends.backend import Backend
+from aitune_core.log import get_logger
+from aitune_core.specs.tree import tree_map
+from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStrategy
+
+if TYPE_CHECKING:
+    from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
+
+_logger = get_logger("strategy")
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    return tree_map(lambda t: t.to(device), value)
+
+
+class HighestThroughputStrategy(TuneStrategy):
+    """Evaluate every backend and return the one with the highest throughput; see the module docstring.
+
+    Args:
+        backends: candidates in the order they are tried (default: `[TorchInductorBackend(), TorchEagerBackend()]`).
+        max_batch_size: upper bound of the batch-size search (default 64).
+        profile_at_recorded_shapes: profile on a recorded sample instead of an estimated batch size (JIT). None
+            (default) means False, except for graphs without a batch axis.
+        stop_when_speedup_over: stop trying backends once one is this many times faster than eager.
+        min_gain: relative throughput gain below which the batch-size search stops (default 0.05).
+        warmup, iterations: override `profiling.settings` for this strategy's measurements.
+    """
+
+    display_name = "Highest Throughput Strategy"
+    description = "evaluate all backends, return backend with highest throughput"
+    measures_speed = True
+
+    def __init__(
+        self,
+        backends: Sequence[Backend] | None = None,
+        *,
+        max_batch_size: int = 64,
+        profile_at_recorded_shapes: bool | None = None,
+        stop_when_speedup_over: float | None = None,
+        min_gain: float = 0.05,
+        warmup: int | None = None,
+        iterations: int | None = None,
+    ) -> None:
+        super().__init__(backends)
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
+        if stop_when_speedup_over is not None and stop_when_speedup_over <= 0:
+            raise ValueError(f"stop_when_speedup_over must be > 0, got {stop_when_speedup_over!r}")
+        if min_gain < 0:
+            raise ValueError(f"min_gain must be >= 0, got {min_gain!r}")
+        self.max_batch_size = max_batch_size
+        self.profile_at_recorded_shapes = profile_at_recorded_shapes
+        self.stop_when_speedup_over = stop_when_speedup_over
+        self.min_gain = min_gain
+        self.warmup = warmup
+        self.iterations = iterations
+
+    @classmethod
+    def default_backends(cls) -> list[Backend]:
+        from aitune_core.backends.torch_eager import TorchEagerBackend
+        from aitune_core.backends.torch_inductor import TorchInductorBackend
+
+        return [TorchInductorBackend(), TorchEagerBackend()]
+
+    # ------------------------------------------------------------------------------------------ measuring
+    def _profile(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], batch_size: int,
+                 device: torch.device) -> profiling.Measurement:
+        return profiling.profile(
+            fn, args, kwargs, batch_size=batch_size, device=device, warmup=self.warmup, iterations=self.iterations
+        )
+
+    @staticmethod
+    def _representative_sample(graph_spec: GraphSpec, data: list[Sample]) -> Sample:
+        """The sample with the most common input shapes (ties: the largest inputs)."""
+        shapes: list[tuple[tuple[int, ...], ...]] = []
+        sizes: list[int] = []
+        for sample in data:
+            try:
+                tensors = graph_spec.input_tensors(sample.args, sample.kwargs)
+            except Exception:
+                tensors = []
+            shapes.append(tuple(tuple(t.shape) for t in tensors))
+            sizes.append(sum(t.numel() for t in tensors))
+        counts = Counter(shapes)
+        best = max(range(len(data)), key=lambda i: (counts[shapes[i]], sizes[i], -i))
+        return data[best]
+
+    @staticmethod
+    def _largest_batch_sample(graph_spec: GraphSpec, data: list[Sample]) -> Sample:
+        return max(data, key=lambda s: profiling.sample_batch_size(graph_spec, s) or 0)
+
+    def _batch_sizes(self, graph_spec: GraphSpec, data: list[Sample]) -> list[int]:
+        """Powers of two inside the recorded batch range (plus its ends), capped by `max_batch_size`.
+
+        The range is that of the samples' batch sizes (the unit `make_batch` counts in), falling back to the
+        first batch axis of the GraphSpec.
+        """
+        recorded_sizes = [profiling.sample_batch_size(graph_spec, sample) for sample in data]
+        known = [size for size in recorded_sizes if size]
+        recorded = (min(known), max(known)) if known else profiling.batch_range(graph_spec)
+        if recorded is None:
+            return [1]
+        low, high = recorded
+        high = max(low, min(self.max_batch_size, high)) if self.max_batch_size >= low else low
+        sizes = {low, high}
+        n = 1
+        while n < high:
+            if n > low:
+                sizes.add(n)
+            n *= 2
+        return sorted(sizes)
+
+    def _estimate_batch_size(
+        self, module: Any, graph_spec: GraphSpec, data: list[Sample], sample: Sample, device: torch.device
+    ) -> tuple[int, profiling.Measurement | None]:
+        """Profile the original module at growing batch sizes; return the best one and its measurement."""
+        best: profiling.Measurement | None = None
+        for batch_size in self._batch_sizes(graph_spec, data):
+            args, kwargs = profiling.make_batch(sample, graph_spec, batch_size)
+            args, kwargs = _to_device(args, device), _to_device(kwargs, device)
+            try:
+                measurement = self._profile(module, args, kwargs, batch_size, device)
+            except Exception as exc:
+                if profiling.is_out_of_memory(exc):
+                    _logger.info("📏 batch size %d: out of memory, stopping the search", batch_size)
+                    del args, kwargs
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+                    break
+                raise
+            _logger.info(
+                "📏 batch size %d: throughput %.2f samples/s (original module, latency %.3f ms)",
+                batch_size,
+                measurement.throughput,
+                measurement.latency_ms,
+            )
+            if best is not None and measurement.throughput < best.throughput * (1.0 + self.min_gain):
+                if measurement.throughput > best.throughput:
+                    best = measurement
+                break
+            best = measurement
+        if best is None:
+            return 1, None
+        _logger.info("📏 estimated max batch size: %d", best.batch_size)
+        return best.batch_size, best
+
+    # ------------------------------------------------------------------------------------------ tuning
+    def _tune(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device,
+        cache_dir: Path,
+    ) -> TuneReport:
+        at_recorded = bool(self.profile_at_recorded_shapes) or not graph_spec.has_batch_axis()
+        if at_recorded:
+            sample = self._representative_sample(graph_spec, data)
+            args, kwargs = sample.inputs_to(device)
+            batch_size = profiling.sample_batch_size(graph_spec, sample) or 1
+            _logger.info("📏 profiling at recorded shapes, batch size %d", batch_size)
+            eager = self._profile(module, args, kwargs, batch_size, device)
+        else:
+            sample = self._largest_batch_sample(graph_spec, data)
+            batch_size, eager = self._estimate_batch_size(module, graph_spec, data, sample, device)
+            args, kwargs = profiling.make_batch(sample, graph_spec, batch_size)
+            args, kwargs = _to_device(args, device), _to_device(kwargs, device)
+        if eager is not None:
+            _logger.info(
+                "📏 original module: throughput %.2f samples/s, batch size %d (latency %.3f ms)",
+                eager.throughput,
+                eager.batch_size,
+                eager.latency_ms,
+            )
+
+        def profile(backend: Backend) -> profiling.Measurement:
+            return self._profile(backend.infer, args, kwargs, batch_size, device)
+
+        candidates: list[CandidateReport] = []
+        best: list[Any] = [None, None]  # [backend, report]
+
+        def keep_best(report: CandidateReport, backend: Backend) -> None:
+            best_report = best[1]
+            if best_report is None or (report.throughput or 0.0) > (best_report.throughput or 0.0):
+                _logger.info(
+                    "🎯 new best throughput for %s is %.2f samples/s, batch size: %d",
+                    report.description,
+                    report.throughput or 0.0,
+                    batch_size,
+                )
+                self._discard(best[0])
+                best[0], best[1] = backend, report
+            else:
+                self._discard(backend)
+
+        for blueprint in self._backends:
+            report, _backend = self._try_backend(
+                blueprint, module, graph_spec, data, device, cache_dir, profile=profile, on_success=keep_best
+            )
+            candidates.append(report)
+            best_report = best[1]
+            if (
+                self.stop_when_speedup_over is not None
+                and eager is not None
+                and best_report is not None
+                and best_report.latency_ms
+                and eager.latency_ms / best_report.latency_ms >= self.stop_when_speedup_over
+            ):
+                _logger.info(
+                    "🏁 %s is %.2fx faster than eager (>= %.2fx): not trying the remaining backends",
+                    best_report.description,
+                    eager.latency_ms / best_report.latency_ms,
+                    self.stop_when_speedup_over,
+                )
+                break
+        best_backend, best_report = best
+        selected_index = next((i for i, c in enumerate(candidates) if c is best_report), None)
+        if best_backend is None or best_report is None:
+            raise self._failed(name, graph_spec, candidates)
+        return TuneReport(
+            backend=best_backend,
+            candidates=candidates,
+            eager_latency_ms=eager.latency_ms if eager is not None else None,
+            selected_latency_ms=best_report.latency_ms,
+            batch_size=batch_size,
+            selected_index=selected_index,
+        )

@@ -1,0 +1,47 @@
+"""`OneBackendStrategy`: exactly one backend; its original exception surfaces if it cannot be built or validated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from aitune_core.backends.backend import Backend
+from aitune_core.strategies.strategy import TuneReport, TuneStrategy
+
+if TYPE_CHECKING:
+    from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
+
+
+class OneBackendStrategy(TuneStrategy):
+    """Build and validate one backend. Unlike `FirstWinsStrategy([backend])`, a failure is not wrapped in
+    `TuningFailedError`: the original exception (e.g. the `BackendBuildError` or `ValidationError`) is re-raised.
+
+    Default backend: `TorchInductorBackend()`.
+    """
+
+    display_name = "One Backend Strategy"
+    description = "build and validate exactly one backend; fail with the original error"
+    measures_speed = False
+
+    def __init__(self, backend: Backend | None = None) -> None:
+        super().__init__([backend] if backend is not None else None)
+
+    @property
+    def backend(self) -> Backend:
+        return self._backends[0]
+
+    def _tune(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device,
+        cache_dir: Path,
+    ) -> TuneReport:
+        report, backend = self._try_backend(self.backend, module, graph_spec, data, device, cache_dir, reraise=True)
+        assert backend is not None  # reraise=True: a failure has raised already
+        return TuneReport(backend=backend, candidates=[report], selected_index=0)

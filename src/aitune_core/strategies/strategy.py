@@ -1,0 +1,449 @@
+"""`TuneStrategy`: picks the backend for one graph of one module; `TuneReport` / `CandidateReport` say how.
+
+A strategy gets the module (with its original forward), the GraphSpec, the recorded samples of that graph, the
+device and a cache directory. It builds copies of its blueprint backends (`backend.blueprint_copy()`, so one
+blueprint serves many modules and graphs without side effects), validates each against the recorded outputs
+(`validate_backend`, unless `enable_correctness_check(False)`), may profile them, and returns the chosen backend
+ACTIVE. Candidates that lose are deactivated. Every step is logged in the layout of the seed's tuning logs:
+
+    🚀 Tuning graph `0` for module `my-model`:
+      number of parameters: ...      precisions: ...      graph_spec tables, num samples, device, cache_dir
+      strategy: name / description / backends
+    ⏳ Executing strategy `...` on module `...` (graph: 0)
+    🤖 backend: TorchInductorBackend()
+    🔄 in progress...please wait
+    ✅ backend built / ✅ backend validated / ✅ backend profiled - throughput: ...
+    ⏱️ completed in 1.23s
+    🎯 Strategy ... execution finished:
+    ✅ Selected ... for module ... and graph spec Name=0 ...
+    ⏱️ Tune `...`: completed in ...
+
+(The thin separator before "🚀 Tuning graph" belongs to the caller, which logs it once per graph.)
+
+While a backend builds, validates or profiles, a rich spinner is shown on stderr - only when stderr is a
+terminal, so logs captured by tests or CI never contain control sequences (set `AITUNE_PROGRESS=0` to turn it
+off on a terminal too).
+
+A failing candidate (any exception from build, validation or profiling) is logged as a WARNING with its cause
+and recorded in its `CandidateReport.error`; when no candidate succeeds, `TuningFailedError` lists every
+candidate's cause. `OneBackendStrategy` instead re-raises the original exception.
+
+Custom strategies implement `_tune(...)` and may return either a `TuneReport` or (as in the seed's documentation)
+just the tuned `Backend`; `_pre_tune` / `_post_tune` run before and after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from aitune_core.backends.backend import Backend, BackendState
+from aitune_core.errors import TuningFailedError
+from aitune_core.log import get_logger, timed
+from aitune_core.validation.validator import validate_backend
+
+if TYPE_CHECKING:
+    from aitune_core.profiling import Measurement
+    from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
+
+_logger = get_logger("strategy")
+
+PROGRESS_ENV = "AITUNE_PROGRESS"
+
+
+# ------------------------------------------------------------------------------------------------ reports
+@dataclasses.dataclass
+class CandidateReport:
+    """What happened to one candidate backend."""
+
+    description: str
+    key: str
+    built: bool = False
+    validated: bool = False
+    error: str | None = None
+    latency_ms: float | None = None
+    throughput: float | None = None
+    batch_size: int | None = None
+    duration_s: float = 0.0
+
+    @property
+    def succeeded(self) -> bool:
+        return self.built and self.error is None
+
+
+@dataclasses.dataclass
+class TuneReport:
+    """The chosen backend, every candidate's report, and the eager baseline when the strategy measured it."""
+
+    backend: Backend
+    candidates: list[CandidateReport] = dataclasses.field(default_factory=list)
+    eager_latency_ms: float | None = None
+    selected_latency_ms: float | None = None
+    batch_size: int | None = None
+    strategy: str = ""
+    selected_index: int | None = None  # index of the selected backend's report in `candidates`
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager latency / selected latency, when both were measured (> 1 means the backend is faster)."""
+        if self.eager_latency_ms is None or self.selected_latency_ms is None or self.selected_latency_ms <= 0:
+            return None
+        return self.eager_latency_ms / self.selected_latency_ms
+
+    def beats_eager(self, min_speedup: float = 1.0) -> bool | None:
+        """Whether the selected backend is faster than eager by at least `min_speedup`; None when not measured.
+
+        The JIT layer uses it for `keep_eager_if_not_faster`: when False it keeps the original module.
+        """
+        speedup = self.speedup
+        return None if speedup is None else speedup >= min_speedup
+
+    @property
+    def selected(self) -> CandidateReport | None:
+        """The selected backend's `CandidateReport` (None for custom strategies that report no candidates)."""
+        if self.selected_index is not None:
+            return self.candidates[self.selected_index]
+        key = self.backend.key()
+        for candidate in reversed(self.candidates):
+            if candidate.key == key and candidate.succeeded:
+                return candidate
+        return None
+
+
+# ------------------------------------------------------------------------------------------------ progress
+def _progress_enabled() -> bool:
+    if os.environ.get(PROGRESS_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    try:
+        return bool(sys.stderr is not None and sys.stderr.isatty())
+    except Exception:
+        return False
+
+
+@contextmanager
+def progress(message: str) -> Iterator[None]:
+    """A rich spinner on stderr while the block runs - only when stderr is a terminal."""
+    if not _progress_enabled():
+        yield
+        return
+    try:
+        from rich.console import Console
+
+        status = Console(stderr=True).status(message)
+    except Exception:
+        yield
+        return
+    with status:
+        yield
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _count_parameters(module: Any) -> int:
+    try:
+        return sum(p.numel() for p in module.parameters())
+    except Exception:
+        return 0
+
+
+def _precisions(module: Any, graph_spec: GraphSpec) -> str:
+    dtypes: set[torch.dtype] = set()
+    with suppress(Exception):
+        dtypes = {p.dtype for p in module.parameters()} | {b.dtype for b in module.buffers() if b.is_floating_point()}
+    if not dtypes:
+        dtypes = {t.dtype for t in graph_spec.input_spec.tensors if t.dtype.is_floating_point}
+    return ", ".join(sorted(str(d) for d in dtypes)) or "-"
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line if line else line for line in text.splitlines())
+
+
+def _failure_message(name: str, graph_spec: GraphSpec, candidates: Sequence[CandidateReport]) -> str:
+    if not candidates:
+        return f"No backend to try for module `{name}` (graph {graph_spec.name}): the strategy has no backends"
+    lines = [f"No backend could be built and validated for module `{name}` (graph {graph_spec.name}):"]
+    lines += [f"  - {c.description}: {c.error or 'not selected'}" for c in candidates]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ strategy
+class TuneStrategy(ABC):
+    """Base of tuning strategies; see the module docstring."""
+
+    #: shown as `name:` in the logs
+    display_name: ClassVar[str] = "Tune Strategy"
+    #: shown as `description:` in the logs
+    description: ClassVar[str] = ""
+    #: True for strategies that profile candidates (and fill `TuneReport.eager_latency_ms`)
+    measures_speed: ClassVar[bool] = False
+
+    def __init__(self, backends: Sequence[Backend] | None = None) -> None:
+        backends = list(backends) if backends is not None else self.default_backends()
+        for backend in backends:
+            if not isinstance(backend, Backend):
+                raise TypeError(f"{type(self).__name__} expects Backend instances, got {type(backend).__name__}")
+            if backend.state is not BackendState.INIT:
+                raise ValueError(
+                    f"{type(self).__name__}: backend {backend.describe()} is {backend.state.name}; strategies need "
+                    "unbuilt (INIT) backends to copy"
+                )
+        self._backends: list[Backend] = backends
+        self._correctness_check = True
+
+    @classmethod
+    def default_backends(cls) -> list[Backend]:
+        from aitune_core.backends.torch_inductor import TorchInductorBackend
+
+        return [TorchInductorBackend()]
+
+    @property
+    def backends(self) -> list[Backend]:
+        """The blueprint backends, in the order they are tried."""
+        return list(self._backends)
+
+    @property
+    def correctness_check(self) -> bool:
+        return self._correctness_check
+
+    def enable_correctness_check(self, enabled: bool) -> None:
+        """Validate each built backend against the recorded outputs (on by default)."""
+        self._correctness_check = bool(enabled)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}([{', '.join(b.describe() for b in self._backends)}])"
+
+    # -------------------------------------------------------------------------------------------- API
+    def tune(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device | str,
+        cache_dir: Path | str,
+    ) -> Backend:
+        """Tune one graph of `module`; returns the chosen backend, ACTIVE. Raises `TuningFailedError`."""
+        return self.tune_with_report(module, name, graph_spec, data, device, cache_dir).backend
+
+    def tune_with_report(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device | str,
+        cache_dir: Path | str,
+    ) -> TuneReport:
+        """Like `tune`, returning the `TuneReport` (candidates, eager baseline, speedup)."""
+        device = torch.device(device)
+        cache_dir = Path(cache_dir)
+        data = list(data)
+        if not data:
+            raise TuningFailedError(f"No samples recorded for module `{name}` (graph {graph_spec.name}); cannot tune")
+        self._log_header(module, name, graph_spec, data, device, cache_dir)
+        strategy = type(self).__name__
+        _logger.info("⏳ Executing strategy `%s` on module `%s` (graph: %s)", strategy, name, graph_spec.name)
+        with timed(_logger, f"Tune `{strategy}`"):
+            self._pre_tune(module, name, graph_spec, data, device, cache_dir)
+            result = self._tune(module, name, graph_spec, data, device, cache_dir)
+            report = result if isinstance(result, TuneReport) else TuneReport(backend=result)
+            if not report.strategy:
+                report.strategy = strategy
+            self._post_tune(module, name, graph_spec, data, device, cache_dir)
+            self._log_selected(report, name, graph_spec)
+        return report
+
+    def tune_dry_run(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device | str,
+        cache_dir: Path | str,
+    ) -> None:
+        """Log what `tune` would do (module, graph, samples, backends) without building anything."""
+        self._log_header(module, name, graph_spec, list(data), torch.device(device), Path(cache_dir))
+        _logger.info(
+            "🧪 Dry run: strategy `%s` would try %d backend(s) on module `%s` (graph: %s); nothing is built",
+            type(self).__name__,
+            len(self._backends),
+            name,
+            graph_spec.name,
+        )
+
+    # -------------------------------------------------------------------------------------------- hooks
+    def _pre_tune(  # noqa: B027 - optional hook
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device,
+        cache_dir: Path,
+    ) -> None:
+        """Called before `_tune` (override to prepare, e.g. estimate a batch size)."""
+
+    @abstractmethod
+    def _tune(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device,
+        cache_dir: Path,
+    ) -> TuneReport | Backend:
+        """Choose, build and activate a backend for this graph (build copies of the blueprints)."""
+
+    def _post_tune(  # noqa: B027 - optional hook
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device,
+        cache_dir: Path,
+    ) -> None:
+        """Called after a successful `_tune`."""
+
+    # -------------------------------------------------------------------------------------------- building blocks
+    def _try_backend(
+        self,
+        blueprint: Backend,
+        module: torch.nn.Module,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device,
+        cache_dir: Path,
+        *,
+        profile: Callable[[Backend], Measurement] | None = None,
+        on_success: Callable[[CandidateReport, Backend], None] | None = None,
+        reraise: bool = False,
+    ) -> tuple[CandidateReport, Backend | None]:
+        """Build (a copy of) `blueprint`, validate it and optionally profile it; logs every step.
+
+        Returns the report and the ACTIVE backend, or `(report, None)` when any step failed (the cause is in
+        `report.error`). `on_success(report, backend)` runs before the step's "⏱️ completed" line (strategies log
+        "🎯 new best ..." there). With `reraise`, the original exception propagates after it is logged.
+        """
+        description = blueprint.describe()
+        report = CandidateReport(description=description, key=blueprint.key())
+        _logger.info("🤖 backend: %s", description)
+        _logger.info("🔄 in progress...please wait")
+        backend: Backend | None = None
+        start = time.perf_counter()
+        try:
+            with timed(_logger):
+                try:
+                    backend = blueprint.blueprint_copy()
+                    with progress(f"Building {description}"):
+                        backend.build(module, graph_spec, data, device, cache_dir / backend.key())
+                    report.built = True
+                    _logger.info("✅ backend built")
+                    if self._correctness_check:
+                        with progress(f"Validating {description}"):
+                            validate_backend(backend, graph_spec, data)
+                        report.validated = True
+                        _logger.info("✅ backend validated")
+                    if profile is not None:
+                        with progress(f"Profiling {description}"):
+                            measurement = profile(backend)
+                        report.latency_ms = measurement.latency_ms
+                        report.throughput = measurement.throughput
+                        report.batch_size = measurement.batch_size
+                        _logger.info(
+                            "✅ backend profiled - throughput: %.2f samples/s, batch size: %d (latency %.3f ms)",
+                            measurement.throughput,
+                            measurement.batch_size,
+                            measurement.latency_ms,
+                        )
+                except Exception as exc:
+                    report.error = f"{type(exc).__name__}: {exc}"
+                    _logger.warning("❌ backend %s failed: %s", description, report.error)
+                    self._discard(backend)
+                    backend = None
+                    if reraise:
+                        raise
+                if backend is not None and on_success is not None:
+                    on_success(report, backend)
+        finally:
+            report.duration_s = time.perf_counter() - start
+        return report, backend
+
+    @staticmethod
+    def _discard(backend: Backend | None) -> None:
+        """Release a candidate that is not (or no longer) the selected one."""
+        if backend is None:
+            return
+        try:
+            if backend.state is BackendState.ACTIVE:
+                backend.deactivate()
+            else:
+                Backend._free_memory()
+        except Exception as exc:  # releasing must never hide the real outcome
+            _logger.debug("Could not deactivate %s: %s", backend.describe(), exc)
+
+    @staticmethod
+    def _failed(name: str, graph_spec: GraphSpec, candidates: list[CandidateReport]) -> TuningFailedError:
+        error = TuningFailedError(_failure_message(name, graph_spec, candidates))
+        error.candidates = candidates  # type: ignore[attr-defined]
+        return error
+
+    # -------------------------------------------------------------------------------------------- logging
+    def _log_header(
+        self,
+        module: torch.nn.Module,
+        name: str,
+        graph_spec: GraphSpec,
+        data: list[Sample],
+        device: torch.device,
+        cache_dir: Path,
+    ) -> None:
+        _logger.info("🚀 Tuning graph `%s` for module `%s`:", graph_spec.name, name)
+        _logger.info("  number of parameters: %d", _count_parameters(module))
+        with suppress(Exception):
+            _logger.info("  number of layers: %d", len(list(module.children())))
+        _logger.info("  precisions: %s", _precisions(module, graph_spec))
+        _logger.info("  graph_spec:")
+        _logger.info("  input_spec:\n%s", graph_spec.input_spec.table())
+        _logger.info("  output_spec:\n%s", graph_spec.output_spec.table())
+        _logger.info("  num samples: %d", len(data))
+        _logger.info("  device: %s", device)
+        _logger.info("  cache_dir: %s", cache_dir)
+        _logger.info("  strategy:")
+        _logger.info("    name: %s", self.display_name)
+        _logger.info("    description: %s", self.description)
+        _logger.info("    backends:")
+        for backend in self._backends:
+            _logger.info("      %s", backend.describe())
+
+    def _log_selected(self, report: TuneReport, name: str, graph_spec: GraphSpec) -> None:
+        _logger.info("🎯 Strategy %s execution finished:", type(self).__name__)
+        _logger.info(
+            "✅ Selected %s for module %s and graph spec %s",
+            report.backend.describe(),
+            name,
+            graph_spec.table(),
+        )
+        if report.selected_latency_ms is not None:
+            selected = report.selected
+            if selected is not None and selected.throughput is not None:
+                _logger.info("Batch size: %s, throughput: %.2f samples/s", selected.batch_size, selected.throughput)
+            if report.speedup is not None:
+                _logger.info(
+                    "Latency: %.3f ms (original module: %.3f ms), speedup %.2fx",
+                    report.selected_latency_ms,
+                    report.eager_latency_ms,
+                    report.speedup,
+                )

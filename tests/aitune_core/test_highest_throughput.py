@@ -1,0 +1,128 @@
+import time
+from typing import ClassVar
+
+import pytest
+from core_fakes import BuildFailsBackend, FakeConfig, GoodBackend, SlowBackend, TinyMLP, _ModuleBackend, record
+
+from aitune_core.backends.backend import BackendState
+from aitune_core.errors import TuningFailedError
+from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
+
+
+class SleepyMLP(TinyMLP):
+    """Each call costs a fixed 2 ms on top of the math: throughput grows with the batch size."""
+
+    def __init__(self, fail_above: int | None = None):
+        super().__init__()
+        self.fail_above = fail_above
+        self.batch_sizes = []
+
+    def forward(self, x):
+        self.batch_sizes.append(x.shape[0])
+        if self.fail_above is not None and x.shape[0] > self.fail_above:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        time.sleep(0.002)
+        return super().forward(x)
+
+
+class FastBackend(_ModuleBackend):
+    """Skips SleepyMLP's sleep: much faster than eager."""
+
+    def _infer(self, x):
+        return TinyMLP.forward(self.module, x)
+
+
+class Tracked(SlowBackend):
+    instances: ClassVar[list] = []
+
+    def _build(self, module, graph_spec, data, cache_dir):
+        Tracked.instances.append(self)
+        super()._build(module, graph_spec, data, cache_dir)
+
+
+def _strategy(backends, **kwargs):
+    return HighestThroughputStrategy(backends, warmup=1, iterations=3, **kwargs)
+
+
+def test_picks_the_faster_backend_and_releases_the_other(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    Tracked.instances.clear()
+    report = _strategy([Tracked(), GoodBackend()]).tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert isinstance(report.backend, GoodBackend) and report.backend.state is BackendState.ACTIVE
+    slow, fast = report.candidates
+    assert slow.throughput < fast.throughput and slow.latency_ms > 5
+    assert Tracked.instances[0].state is BackendState.INACTIVE  # the loser was deactivated
+    assert report.selected is fast and report.selected_latency_ms == fast.latency_ms
+
+    report = _strategy([GoodBackend(), SlowBackend()]).tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert isinstance(report.backend, GoodBackend)
+
+
+def test_estimates_the_batch_size_with_the_original_module(tmp_path):
+    model = SleepyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 8))
+    model.batch_sizes.clear()
+    report = _strategy([GoodBackend()]).tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert sorted(set(model.batch_sizes)) == [2, 4, 8]  # powers of two inside the recorded range
+    assert report.batch_size == 8 and report.candidates[0].batch_size == 8
+    assert report.eager_latency_ms is not None and report.speedup is not None
+
+    capped = _strategy([GoodBackend()], max_batch_size=4).tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert capped.batch_size == 4
+
+
+def test_out_of_memory_ends_the_search(tmp_path):
+    model = SleepyMLP().eval()
+    spec, data = record(model, batch_sizes=(1, 16))
+    model.fail_above = 4
+    report = _strategy([FastBackend()]).tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert report.batch_size == 4
+
+
+def test_profiles_at_recorded_shapes_for_jit(tmp_path):
+    model = SleepyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4, 4))
+    model.batch_sizes.clear()
+    strategy = _strategy([SlowBackend(FakeConfig(delay_s=0.02)), FastBackend()], profile_at_recorded_shapes=True)
+    report = strategy.tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert set(model.batch_sizes) <= {2, 4}  # only real recorded shapes were run
+    assert report.batch_size == 4  # the most common recorded shape
+    assert isinstance(report.backend, FastBackend)
+    assert report.speedup > 1.5 and report.beats_eager()
+    assert all(c.batch_size == 4 for c in report.candidates)
+
+
+def test_graph_without_batch_axis_profiles_recorded_shapes(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(3,))
+    assert not spec.has_batch_axis()
+    report = _strategy([GoodBackend()]).tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert report.batch_size == 3 and report.eager_latency_ms is not None
+
+
+def test_stop_when_speedup_over(tmp_path):
+    model = SleepyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    strategy = _strategy([FastBackend(), GoodBackend()], stop_when_speedup_over=2.0)
+    report = strategy.tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert len(report.candidates) == 1 and isinstance(report.backend, FastBackend)
+
+
+def test_failures_are_skipped_and_all_failing_raises(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    report = _strategy([BuildFailsBackend(), GoodBackend()]).tune_with_report(model, "mlp", spec, data, "cpu", tmp_path)
+    assert isinstance(report.backend, GoodBackend) and report.candidates[0].error
+    with pytest.raises(TuningFailedError, match="compiler exploded"):
+        _strategy([BuildFailsBackend()]).tune(model, "mlp", spec, data, "cpu", tmp_path)
+
+
+def test_arguments_are_validated():
+    with pytest.raises(ValueError):
+        HighestThroughputStrategy(max_batch_size=0)
+    with pytest.raises(ValueError):
+        HighestThroughputStrategy(stop_when_speedup_over=0)
+    assert HighestThroughputStrategy.measures_speed
+    defaults = [b.describe() for b in HighestThroughputStrategy().backends]
+    assert defaults == ["TorchInductorBackend()", "TorchEagerBackend()"]

@@ -1,0 +1,157 @@
+import logging
+
+import pytest
+import torch
+from core_fakes import FakeConfig, GoodBackend, TinyMLP, WrongValuesBackend, record
+
+from aitune_core.backends.backend import BackendState
+from aitune_core.errors import TuningFailedError
+from aitune_core.strategies import strategy as strategy_module
+from aitune_core.strategies.first_wins import FirstWinsStrategy
+from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStrategy
+
+
+@pytest.fixture
+def graph():
+    model = TinyMLP().eval()
+    spec, data = record(model)
+    return model, spec, data
+
+
+def _args(graph, tmp_path):
+    model, spec, data = graph
+    return model, "mlp", spec, data, "cpu", tmp_path
+
+
+def test_tune_report_speedup():
+    backend = GoodBackend()
+    report = TuneReport(backend=backend, eager_latency_ms=4.0, selected_latency_ms=2.0)
+    assert report.speedup == 2.0 and report.beats_eager() and not report.beats_eager(3.0)
+    assert TuneReport(backend=backend).speedup is None
+    assert TuneReport(backend=backend).beats_eager() is None
+    assert CandidateReport("x", "k", built=True).succeeded
+    assert not CandidateReport("x", "k", built=True, error="boom").succeeded
+
+
+def test_strategy_needs_init_backends(graph, tmp_path):
+    model, spec, data = graph
+    built = GoodBackend().build(model, spec, data, torch.device("cpu"), tmp_path)
+    with pytest.raises(ValueError, match="ACTIVE"):
+        FirstWinsStrategy([built])
+    with pytest.raises(TypeError):
+        FirstWinsStrategy(["TorchInductorBackend"])  # type: ignore[list-item]
+    assert [b.describe() for b in FirstWinsStrategy().backends] == ["TorchInductorBackend()"]
+
+
+def test_blueprints_are_never_built(graph, tmp_path):
+    blueprint = GoodBackend()
+    strategy = FirstWinsStrategy([blueprint])
+    first = strategy.tune(*_args(graph, tmp_path))
+    second = strategy.tune(*_args(graph, tmp_path))
+    assert blueprint.state is BackendState.INIT
+    assert first is not blueprint and second is not first and first.state is BackendState.ACTIVE
+
+
+def test_log_layout(graph, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="aitune"):
+        FirstWinsStrategy([GoodBackend(FakeConfig(tag="a"))]).tune(*_args(graph, tmp_path))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    expected_in_order = [
+        "🚀 Tuning graph `0` for module `mlp`:",
+        "number of parameters: 212",
+        "precisions: torch.float32",
+        "graph_spec:",
+        "input_spec:",
+        "['batch0', 8]",
+        "output_spec:",
+        "num samples: 2",
+        "device: cpu",
+        f"cache_dir: {tmp_path}",
+        "strategy:",
+        "name: First Wins Strategy",
+        "description: try backends in order",
+        "backends:",
+        "GoodBackend(tag='a')",
+        "⏳ Executing strategy `FirstWinsStrategy` on module `mlp` (graph: 0)",
+        "🤖 backend: GoodBackend(tag='a')",
+        "🔄 in progress...please wait",
+        "✅ backend built",
+        "✅ backend validated",
+        "⏱️ completed in",
+        "🎯 Strategy FirstWinsStrategy execution finished:",
+        "✅ Selected GoodBackend(tag='a') for module mlp and graph spec Name=0",
+        "⏱️ Tune `FirstWinsStrategy`: completed in",
+    ]
+    position = 0
+    for piece in expected_in_order:
+        found = text.find(piece, position)
+        assert found >= 0, f"{piece!r} missing (or out of order) in:\n{text}"
+        position = found + len(piece)
+    assert "\x1b[" not in text  # no terminal control codes in logs
+
+
+def test_no_spinner_without_a_terminal(monkeypatch):
+    class NotATerminal:
+        def isatty(self):
+            return False
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(strategy_module.sys, "stderr", NotATerminal())
+    assert not strategy_module._progress_enabled()
+    monkeypatch.setattr(strategy_module.sys, "stderr", Terminal())
+    assert strategy_module._progress_enabled()
+    monkeypatch.setenv(strategy_module.PROGRESS_ENV, "0")
+    assert not strategy_module._progress_enabled()
+
+
+def test_correctness_check_can_be_disabled(graph, tmp_path):
+    strategy = FirstWinsStrategy([WrongValuesBackend()])
+    with pytest.raises(TuningFailedError):
+        strategy.tune(*_args(graph, tmp_path))
+    strategy.enable_correctness_check(False)
+    report = strategy.tune_with_report(*_args(graph, tmp_path))
+    assert isinstance(report.backend, WrongValuesBackend)
+    assert report.candidates[0].built and not report.candidates[0].validated
+
+
+def test_dry_run_builds_nothing(graph, tmp_path, caplog):
+    blueprint = GoodBackend()
+    with caplog.at_level(logging.INFO, logger="aitune"):
+        FirstWinsStrategy([blueprint]).tune_dry_run(*_args(graph, tmp_path))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "🚀 Tuning graph `0`" in text and "Dry run" in text and "✅ backend built" not in text
+    assert blueprint.state is BackendState.INIT
+
+
+class CustomStrategy(TuneStrategy):
+    """A user strategy written against the seed's documented `_tune -> Backend`."""
+
+    def __init__(self):
+        super().__init__([GoodBackend()])
+        self.calls = []
+
+    def _pre_tune(self, *args):
+        self.calls.append("pre")
+
+    def _tune(self, module, name, graph_spec, data, device, cache_dir):
+        self.calls.append("tune")
+        return self.backends[0].blueprint_copy().build(module, graph_spec, data, device, cache_dir)
+
+    def _post_tune(self, *args):
+        self.calls.append("post")
+
+
+def test_custom_strategy_returning_a_backend(graph, tmp_path):
+    strategy = CustomStrategy()
+    report = strategy.tune_with_report(*_args(graph, tmp_path))
+    assert strategy.calls == ["pre", "tune", "post"]
+    assert isinstance(report.backend, GoodBackend) and report.candidates == [] and report.strategy == "CustomStrategy"
+
+
+def test_no_samples_is_an_error(graph, tmp_path):
+    model, spec, _ = graph
+    with pytest.raises(TuningFailedError, match="No samples"):
+        FirstWinsStrategy([GoodBackend()]).tune(model, "mlp", spec, [], "cpu", tmp_path)
