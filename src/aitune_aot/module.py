@@ -1,0 +1,574 @@
+"""`aitune.torch.Module`: a transparent proxy around a torch module that records, tunes and dispatches.
+
+The proxy (a wrapt `CallableObjectProxy`) forwards attribute access, indexing, `isinstance` and
+`state_dict` to the wrapped module. What changes is the wrapped module's `forward`: the proxy installs an
+instance-level `forward` on the wrapped module that routes each call by the wrapper's state:
+
+- INIT / PASSTHROUGH: the original forward, unchanged;
+- RECORDING: the original forward, and the call is recorded (GraphRecorder, batch size from the global
+  context); the original output is returned;
+- TUNED: a GraphDispatcher over the tuned backends, with an eager fallback (and one warning) for calls
+  outside the tuned shape ranges.
+
+Because the routing sits in `forward`, calling the proxy goes through the wrapped module's own
+`__call__`: forward pre/post hooks registered on it fire in every state, exactly once, and a parent that
+still holds the raw module (not the proxy) is routed too. Backends represent `forward` only:
+- while a backend runs (and while strategies build backends, or a checkpoint restores them), the module's
+  forward hooks are hidden, so a backend that calls the module (eager, torch.compile'd module) neither
+  fires them a second time nor bakes them into a compiled graph (the recorded reference outputs are
+  forward's outputs, before any hook);
+- a re-entrant call of the module's forward (a backend that calls the module) runs the original forward,
+  never the dispatcher again, and so does a call traced by torch.compile (the routing is not traced).
+Hiding the hooks swaps the module's hook dicts for the duration of a backend call; a call of the same
+module from another thread at that moment would not fire the hooks.
+
+`state_dict()` stays the wrapped module's own (so a parent's `state_dict()` is unchanged by wrapping);
+the aitune serialization of the tuned state is `to_dict()` / `from_dict()`, and whole checkpoints are
+written by `aitune.torch.save` / `load`.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import wrapt
+
+from aitune_aot.registry import MODULE_REGISTRY, default_name, sanitize_name
+from aitune_core.backends.backend import Backend, BackendState
+from aitune_core.config import config
+from aitune_core.log import SEPARATOR, THIN_SEPARATOR, timed
+
+if TYPE_CHECKING:
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_core.specs.graph_spec import GraphSpec
+    from aitune_core.strategies.strategy import TuneStrategy
+
+__all__ = ["Module", "ModuleState", "StrategyList", "StrategyMap", "default_strategy", "find_wrapper"]
+
+_logger = logging.getLogger("aitune.aot.module")
+
+StrategyList = Sequence["TuneStrategy"]
+StrategyMap = Mapping[str, "TuneStrategy"]
+
+_WRAPPER_ATTR = "__aitune_module__"
+
+
+def _first_wins_inductor() -> TuneStrategy:
+    from aitune_core.backends.torch_inductor import TorchInductorBackend
+    from aitune_core.strategies.first_wins import FirstWinsStrategy
+
+    return FirstWinsStrategy([TorchInductorBackend()])
+
+
+#: Factory of the strategy used when neither the module nor `tune()` names one. Replace it to change the
+#: default for the whole process (e.g. `aitune_aot.module.default_strategy_factory = lambda: ...`).
+default_strategy_factory: Callable[[], TuneStrategy] = _first_wins_inductor
+
+
+def default_strategy() -> TuneStrategy:
+    """A fresh default strategy: FirstWinsStrategy([TorchInductorBackend()]) unless the factory was replaced."""
+    return default_strategy_factory()
+
+
+class ModuleState(enum.Enum):
+    INIT = "init"
+    PASSTHROUGH = "passthrough"
+    RECORDING = "recording"
+    TUNED = "tuned"
+
+
+def find_wrapper(module: Any) -> Module | None:
+    """The aitune Module wrapping `module` (a proxy or the raw module whose forward it routes), else None."""
+    if isinstance(module, Module):
+        return module
+    forward = getattr(module, "__dict__", {}).get("forward")
+    return getattr(forward, _WRAPPER_ATTR, None)
+
+
+def _module_device(module: torch.nn.Module) -> torch.device | None:
+    for tensor in module.parameters():
+        return tensor.device
+    for tensor in module.buffers():
+        return tensor.device
+    return None
+
+
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
+
+
+@contextmanager
+def _hooks_hidden(module: torch.nn.Module) -> Iterator[None]:
+    """Run a block with the module's forward (pre-)hooks temporarily removed; hooks added meanwhile are kept."""
+    state = module.__dict__
+    saved = [state[name] for name in _HOOK_DICTS]
+    if not any(saved):
+        yield
+        return
+    for name in _HOOK_DICTS:
+        state[name] = OrderedDict()
+    try:
+        yield
+    finally:
+        for name, hooks in zip(_HOOK_DICTS, saved):
+            added = state[name]
+            hooks.update(added)
+            state[name] = hooks
+
+
+class Module(wrapt.CallableObjectProxy):
+    """AITune module wrapper: behaves like the wrapped torch module and adds recording, tuning and dispatch.
+
+    States: passthrough (identical to the original), recording (records samples and detects graphs; needed
+    before tuning) and tuned (runs the tuned backends). `enable_passthrough()` / `enable_recording()` switch
+    between the first two; leaving the tuned state needs `force=True`, which drops the tuned backends.
+
+    Args:
+        module: the torch module to wrap.
+        name: unique name (sanitized; a suffix is added if the name is taken); defaults to the class name.
+        strategy: strategy for every graph of this module (takes precedence over the one given to `tune`).
+        strategies: one strategy per graph, as a list (in graph order) or a dict keyed by graph name.
+    """
+
+    TYPE: ClassVar[str] = "aitune.torch.Module"
+    TYPE_KEY: ClassVar[str] = "type"
+    NAME_KEY: ClassVar[str] = "name"
+    GRAPH_SPECS_KEY: ClassVar[str] = "graph_specs"
+    BACKENDS_KEY: ClassVar[str] = "backends"
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        name: str | None = None,
+        strategy: TuneStrategy | None = None,
+        strategies: StrategyList | StrategyMap | None = None,
+    ) -> None:
+        if isinstance(module, Module):
+            raise TypeError(f"module is already an aitune Module ({module.name!r}); wrap the original module once")
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"aitune Module wraps a torch.nn.Module, got {type(module).__name__}")
+        existing = find_wrapper(module)
+        if existing is not None:
+            raise ValueError(f"this {type(module).__name__} is already wrapped by aitune Module {existing.name!r}")
+        if "forward" in module.__dict__:
+            raise ValueError(
+                f"this {type(module).__name__} has an instance-level forward (patched by another tool); "
+                "aitune cannot route its calls"
+            )
+        self._validate_strategies(strategy, strategies)
+        super().__init__(module)
+        self._self_strategy = strategy
+        self._self_strategies = strategies
+        self._self_state = ModuleState.INIT
+        self._self_recorder: GraphRecorder | None = None
+        self._self_prev_recorder: GraphRecorder | None = None
+        self._self_graphs: list[tuple[GraphSpec, Backend]] = []
+        self._self_dispatcher: Callable[..., Any] | None = None
+        self._self_active = False
+        self._self_local = threading.local()
+        self._self_orig_forward = module.forward
+        explicit = sanitize_name(name)
+        self._self_name = MODULE_REGISTRY.register(explicit or default_name(module), self, explicit=bool(explicit))
+        self._self_routed_forward = self._make_routed_forward()
+        self._install_routed_forward()
+
+    # ------------------------------------------------------------------ construction helpers
+    @staticmethod
+    def _validate_strategies(strategy: Any, strategies: Any) -> None:
+        if strategy is None and strategies is None:
+            return
+        from aitune_core.strategies.strategy import TuneStrategy
+
+        if strategy is not None and not isinstance(strategy, TuneStrategy):
+            raise TypeError(f"strategy must be a TuneStrategy, got {type(strategy).__name__}")
+        if strategies is None:
+            return
+        if isinstance(strategies, Mapping):
+            values = list(strategies.values())
+            if not all(isinstance(k, str) for k in strategies):
+                raise TypeError("strategies dict must map graph names (str, e.g. '0') to strategies")
+        elif isinstance(strategies, Sequence) and not isinstance(strategies, str):
+            values = list(strategies)
+        else:
+            raise TypeError(f"strategies must be a list or a dict of TuneStrategy, got {type(strategies).__name__}")
+        for value in values:
+            if not isinstance(value, TuneStrategy):
+                raise TypeError(f"strategies must hold TuneStrategy instances, got {type(value).__name__}")
+
+    def _make_routed_forward(self) -> Callable[..., Any]:
+        route = self._route
+        original = self._self_orig_forward
+        is_compiling = torch.compiler.is_compiling
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if is_compiling():  # dynamo traces the module's own forward, never the routing
+                return original(*args, **kwargs)
+            return route(*args, **kwargs)
+
+        setattr(forward, _WRAPPER_ATTR, self)
+        return forward
+
+    def _install_routed_forward(self) -> None:
+        object.__setattr__(self.__wrapped__, "forward", self._self_routed_forward)
+
+    def _remove_routed_forward(self) -> None:
+        self.__wrapped__.__dict__.pop("forward", None)
+
+    @contextmanager
+    def _original_forward(self) -> Iterator[torch.nn.Module]:
+        """The wrapped module with its own forward and no forward hooks, for strategies and backends."""
+        self._remove_routed_forward()
+        try:
+            with _hooks_hidden(self.__wrapped__):
+                yield self.__wrapped__
+        finally:
+            self._install_routed_forward()
+
+    # ------------------------------------------------------------------ call routing
+    def _route(self, *args: Any, **kwargs: Any) -> Any:
+        state = self._self_state
+        local = self._self_local
+        if getattr(local, "busy", False) or state in (ModuleState.INIT, ModuleState.PASSTHROUGH):
+            return self._self_orig_forward(*args, **kwargs)
+        local.busy = True
+        try:
+            if state is ModuleState.RECORDING:
+                output = self._self_orig_forward(*args, **kwargs)
+                self._self_recorder.record(args, kwargs, output)  # batch size: from the global context
+                return output
+            if not self._self_active:  # deactivated while other modules tune: run eagerly
+                return self._self_orig_forward(*args, **kwargs)
+            with _hooks_hidden(self.__wrapped__):  # the caller's __call__ fires them, once
+                return self._self_dispatcher(*args, **kwargs)
+        finally:
+            local.busy = False
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def name(self) -> str:
+        """Unique name of the wrapper (used for the cache folder and in checkpoints)."""
+        return self._self_name
+
+    @property
+    def state(self) -> ModuleState:
+        return self._self_state
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the wrapped module's first parameter or buffer (CPU for a module without tensors)."""
+        return _module_device(self.__wrapped__) or torch.device("cpu")
+
+    @property
+    def graph_specs(self) -> list[GraphSpec]:
+        """Graphs of the module: the tuned ones, else the ones recorded so far."""
+        if self._self_state is ModuleState.TUNED:
+            return [spec for spec, _ in self._self_graphs]
+        recorder = self._self_recorder or self._self_prev_recorder
+        return list(recorder.graph_specs) if recorder is not None else []
+
+    @property
+    def backends(self) -> list[tuple[GraphSpec, Backend]]:
+        """(graph spec, tuned backend) pairs; empty unless the module is tuned."""
+        return list(self._self_graphs)
+
+    @property
+    def is_active(self) -> bool:
+        return self._self_state is ModuleState.TUNED and self._self_active
+
+    def __repr__(self) -> str:
+        return f"Module[{self._self_name!r}, {self._self_state.value}]({self.__wrapped__!r})"
+
+    def __getitem__(self, key: Any) -> Any:
+        """Indexing goes to the wrapped module (e.g. `Sequential`)."""
+        return self.__wrapped__[key]
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        raise TypeError(
+            f"aitune Module {self._self_name!r} cannot be deep-copied; copy the original module and wrap the copy"
+        )
+
+    def __reduce_ex__(self, protocol: int) -> Any:
+        raise TypeError(
+            f"aitune Module {self._self_name!r} cannot be pickled; use aitune.torch.save(model, path) for tuned "
+            "modules, or save the wrapped module's state_dict()"
+        )
+
+    # ------------------------------------------------------------------ state transitions
+    def _reset(self) -> None:
+        """Drop tuned backends and recordings: back to the freshly wrapped module."""
+        self._drop_backends()
+        self._self_recorder = None
+        self._self_prev_recorder = None
+        self._self_state = ModuleState.INIT
+        _logger.info("Module `%s` reset: tuned backends and recordings dropped", self._self_name)
+
+    def _drop_backends(self) -> None:
+        for _spec, backend in self._self_graphs:
+            if backend.state is BackendState.ACTIVE:
+                backend.deactivate()
+        self._self_graphs = []
+        self._self_dispatcher = None
+        self._self_active = False
+
+    def _refuse_if_tuned(self, force: bool, target: str) -> None:
+        if self._self_state is ModuleState.TUNED:
+            if not force:
+                raise RuntimeError(
+                    f"Module {self._self_name!r} is already tuned. Use enable_{target}(force=True) to reset it "
+                    "(its tuned backends are dropped)."
+                )
+            self._reset()
+
+    def enable_passthrough(self, force: bool = False) -> None:
+        """Run the original module. From the tuned state only with `force=True` (resets the module)."""
+        self._refuse_if_tuned(force, "passthrough")
+        if self._self_state is ModuleState.RECORDING:
+            self._self_prev_recorder = self._self_recorder  # a later enable_recording() continues it
+            self._self_recorder = None
+        self._self_state = ModuleState.PASSTHROUGH
+
+    def enable_recording(self, force: bool = False) -> None:
+        """Record calls (needed before tuning). From the tuned state only with `force=True` (resets the module)."""
+        self._refuse_if_tuned(force, "recording")
+        if self._self_state is ModuleState.RECORDING:
+            return
+        if self._self_prev_recorder is not None:
+            self._self_recorder, self._self_prev_recorder = self._self_prev_recorder, None
+        else:
+            from aitune_core.recording.graph_recorder import GraphRecorder
+
+            self._self_recorder = GraphRecorder(self._self_orig_forward, name=self._self_name)
+        self._self_state = ModuleState.RECORDING
+
+    def activate(self) -> None:
+        """Route calls to the tuned backends again (after `deactivate()`)."""
+        if self._self_state is ModuleState.TUNED:
+            with self._original_forward():
+                for _spec, backend in self._self_graphs:
+                    if not backend.is_active:
+                        backend.activate()
+            self._self_active = True
+        elif self._self_state is ModuleState.PASSTHROUGH:
+            return
+        else:
+            raise RuntimeError(f"Module {self._self_name!r} is not tuned ({self._self_state.value}); cannot activate")
+
+    def deactivate(self) -> None:
+        """Release the tuned backends' resources; calls run the original module until `activate()`."""
+        if self._self_state is not ModuleState.TUNED:
+            return
+        for _spec, backend in self._self_graphs:
+            if backend.state is BackendState.ACTIVE:  # deployed (checkpoint-loaded) backends stay as they are
+                backend.deactivate()
+        self._self_active = False
+
+    # ------------------------------------------------------------------ tuning
+    def _strategies_for(self, graph_specs: Sequence[GraphSpec], strategy: TuneStrategy | None) -> list[TuneStrategy]:
+        fallback = self._self_strategy or strategy
+        strategies = self._self_strategies
+        if strategies is None:
+            chosen = fallback or default_strategy()
+            return [chosen] * len(graph_specs)
+        if isinstance(strategies, Mapping):
+            unknown = sorted(set(strategies) - {spec.name for spec in graph_specs})
+            if unknown:
+                _logger.warning(
+                    "Module `%s`: strategies given for graphs %s that were not recorded", self._self_name, unknown
+                )
+            out = []
+            for spec in graph_specs:
+                chosen = strategies.get(spec.name) or fallback
+                if chosen is None:
+                    chosen = default_strategy()
+                    _logger.info(
+                        "Module `%s`: no strategy for graph `%s`; using the default", self._self_name, spec.name
+                    )
+                out.append(chosen)
+            return out
+        if len(strategies) < len(graph_specs):
+            raise ValueError(
+                f"Module {self._self_name!r} recorded {len(graph_specs)} graphs but {len(strategies)} strategies "
+                "were given; give one per graph or a dict keyed by graph name"
+            )
+        if len(strategies) > len(graph_specs):
+            _logger.warning(
+                "Module `%s`: %d strategies given for %d recorded graphs; the extra ones are unused",
+                self._self_name,
+                len(strategies),
+                len(graph_specs),
+            )
+        return list(strategies[: len(graph_specs)])
+
+    def _cache_dir(self, graph_spec: GraphSpec) -> Path:
+        path = Path(config.cache_dir) / self._self_name / graph_spec.name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def tune(
+        self,
+        device: torch.device | str | None = None,
+        strategy: TuneStrategy | None = None,
+        dry_run: bool = False,
+    ) -> None:
+        """Tune every recorded graph; strategies given to the module take precedence over `strategy`.
+
+        Args:
+            device: the device to tune on (default: the module's device).
+            strategy: the strategy for graphs the module has no strategy for.
+            dry_run: only log what would be tuned; the module keeps its recording.
+        """
+        if self._self_state is ModuleState.TUNED:
+            raise ValueError(
+                f"Module {self._self_name!r} has already been tuned; enable_recording(force=True) resets it"
+            )
+        if self._self_state is not ModuleState.RECORDING or not self.graph_specs:
+            raise ValueError(
+                f"Module {self._self_name!r} has not recorded any samples; call enable_recording() and run it "
+                "(or use aitune.torch.tune(...)) before tuning"
+            )
+        if strategy is not None:
+            self._validate_strategies(strategy, None)
+        device = torch.device(device) if device is not None else self.device
+        recorder = self._self_recorder
+        graph_specs = list(recorder.graph_specs)
+        strategies = self._strategies_for(graph_specs, strategy)
+
+        _logger.info(SEPARATOR)
+        _logger.info("🎯 Tuning module: `%s` (all graphs)%s", self._self_name, " [dry run]" if dry_run else "")
+        tuned: list[tuple[GraphSpec, Backend]] = []
+        try:
+            with timed(_logger, f"Tuning module `{self._self_name}`"), self._original_forward() as module:
+                for graph_strategy, graph_spec in zip(strategies, graph_specs):
+                    _logger.info(THIN_SEPARATOR)
+                    data = recorder.samples(graph_spec)
+                    cache_dir = self._cache_dir(graph_spec)
+                    args = (module, self._self_name, graph_spec, data, device, cache_dir)
+                    if dry_run:
+                        graph_strategy.tune_dry_run(*args)
+                    else:
+                        tuned.append((graph_spec, graph_strategy.tune(*args)))
+        except BaseException:
+            for _spec, backend in tuned:
+                if backend.state is BackendState.ACTIVE:
+                    backend.deactivate()
+            raise
+        if dry_run:
+            _logger.info("✅ Dry run of module `%s` finished; the module keeps its recording.", self._self_name)
+            _logger.info(SEPARATOR)
+            return
+        self._install_backends(tuned)
+        self._self_prev_recorder = None
+        self._self_recorder = None
+        _logger.info("✅ Tuning module: `%s` (all graphs) completed.", self._self_name)
+        _logger.info(SEPARATOR)
+
+    def _install_backends(self, graphs: list[tuple[GraphSpec, Backend]]) -> None:
+        from aitune_core.backends.dispatcher import GraphDispatcher
+
+        self._self_graphs = list(graphs)
+        self._self_dispatcher = GraphDispatcher(self._self_graphs, self._self_orig_forward, self._self_name)
+        self._self_state = ModuleState.TUNED
+        self._self_active = True
+
+    def _load_backends(
+        self, load: Callable[[torch.nn.Module], list[tuple[GraphSpec, Backend]]], device: torch.device | None
+    ) -> None:
+        """Replace the module's state with checkpoint-loaded backends, deployed on `device`.
+
+        `load(module)` receives the wrapped module with its original forward and returns the backends in
+        state CHECKPOINT_LOADED.
+        """
+        if device is not None:
+            self.__wrapped__.to(device)
+        device = device if device is not None else self.device
+        self._drop_backends()
+        with self._original_forward() as module:
+            graphs = load(module)
+            for _spec, backend in graphs:
+                backend.deploy(device)
+        self._self_recorder = None
+        self._self_prev_recorder = None
+        self._install_backends(graphs)
+
+    # ------------------------------------------------------------------ serialization
+    def to_dict(
+        self, *args: Any, destination: dict | None = None, prefix: str = "", keep_vars: bool = False
+    ) -> dict[str, Any]:
+        """The tuned state, stored at `destination[prefix]` (torch `state_dict` calling convention).
+
+        The value holds the name, the graph specs (`GraphSpec.to_dict()`) and each graph's `Backend.to_dict()`.
+        """
+        if self._self_state is not ModuleState.TUNED:
+            raise RuntimeError(f"Module {self._self_name!r} is not tuned; nothing to serialize")
+        destination = OrderedDict() if destination is None else destination
+        destination[prefix] = {
+            self.TYPE_KEY: self.TYPE,
+            self.NAME_KEY: self._self_name,
+            self.GRAPH_SPECS_KEY: [spec.to_dict() for spec, _ in self._self_graphs],
+            self.BACKENDS_KEY: [
+                {"graph": spec.name, "backend": backend.to_dict()} for spec, backend in self._self_graphs
+            ],
+        }
+        return destination
+
+    @staticmethod
+    def is_state_dict_valid(state_dict: Any) -> bool:
+        """True when `state_dict` is the value `to_dict()` stored for a tuned Module."""
+        return (
+            isinstance(state_dict, Mapping)
+            and state_dict.get(Module.TYPE_KEY) == Module.TYPE
+            and isinstance(state_dict.get(Module.NAME_KEY), str)
+            and isinstance(state_dict.get(Module.GRAPH_SPECS_KEY), list)
+            and isinstance(state_dict.get(Module.BACKENDS_KEY), list)
+        )
+
+    @staticmethod
+    def from_dict(
+        module: torch.nn.Module, state_dict: Mapping[str, Any], device: torch.device | str | None = None
+    ) -> Module:
+        """Wrap `module` and restore the tuned state saved by `to_dict()` (backends deployed on `device`)."""
+        if not Module.is_state_dict_valid(state_dict):
+            raise ValueError("Invalid dictionary format for aitune Module (expected the value written by to_dict())")
+        from aitune_core.backends.registry import backend_class
+        from aitune_core.specs.graph_spec import GraphSpec
+
+        specs = {d["name"]: GraphSpec.from_dict(d) for d in state_dict[Module.GRAPH_SPECS_KEY]}
+
+        def load(raw: torch.nn.Module) -> list[tuple[GraphSpec, Backend]]:
+            return [
+                (specs[item["graph"]], backend_class(item["backend"]["type"]).from_dict(raw, item["backend"]))
+                for item in state_dict[Module.BACKENDS_KEY]
+            ]
+
+        wrapper = Module(module, state_dict[Module.NAME_KEY])
+        wrapper._load_backends(load, torch.device(device) if device is not None else None)
+        return wrapper
+
+
+def _chainable(method_name: str) -> Callable[..., Any]:
+    def method(self: Module, *args: Any, **kwargs: Any) -> Any:
+        result = getattr(self.__wrapped__, method_name)(*args, **kwargs)
+        return self if result is self.__wrapped__ else result
+
+    method.__name__ = method_name
+    method.__qualname__ = f"Module.{method_name}"
+    method.__doc__ = f"`torch.nn.Module.{method_name}` of the wrapped module; returns this wrapper, not the module."
+    return method
+
+
+# torch.nn.Module methods that return `self`: keep `model = ait.Module(m).to(device).eval()` a wrapper.
+for _method_name in (
+    "to", "cuda", "cpu", "type", "float", "double", "half", "bfloat16",
+    "train", "eval", "requires_grad_", "apply", "to_empty", "share_memory",
+):
+    setattr(Module, _method_name, _chainable(_method_name))
+del _method_name

@@ -1,0 +1,84 @@
+"""Registry of the live `aitune.torch.Module` wrappers, keyed by a sanitized, unique name.
+
+`tune()` drives every registered wrapper, and checkpoints identify wrappers by name, so names must be
+usable as folder names (cache and checkpoint layout) and must not collide. The registry holds weak
+references: a wrapper that the program dropped is not tuned by a later `tune()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aitune_aot.module import Module
+
+_logger = logging.getLogger("aitune.aot.registry")
+
+_INVALID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def sanitize_name(name: str | None) -> str | None:
+    """Name safe to use as a folder name: runs of other characters become `_`; None or empty stays None."""
+    if name is None:
+        return None
+    cleaned = _INVALID_CHARS.sub("_", str(name).strip()).strip(".").rstrip("_")
+    return cleaned or None
+
+
+def default_name(obj: Any) -> str:
+    """Default wrapper name: the wrapped object's class name."""
+    return sanitize_name(type(obj).__name__) or "module"
+
+
+class ModuleRegistry:
+    """Name -> live wrapper, in registration order."""
+
+    def __init__(self) -> None:
+        self._modules: weakref.WeakValueDictionary[str, Module] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def register(self, name: str, module: Module, *, explicit: bool) -> str:
+        """Register `module` under `name` or, when taken, under the first free `name_<n>`; returns the name used."""
+        with self._lock:
+            unique = name
+            suffix = 0
+            while unique in self._modules and self._modules.get(unique) is not module:
+                suffix += 1
+                unique = f"{name}_{suffix}"
+            if unique != name and explicit:
+                _logger.warning("Module name %r is already in use; registering this module as %r", name, unique)
+            self._modules[unique] = module
+            return unique
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._modules.pop(name, None)
+
+    def get(self, name: str) -> Module | None:
+        return self._modules.get(name)
+
+    def modules(self) -> list[Module]:
+        """Live wrappers in registration order."""
+        with self._lock:
+            return list(self._modules.values())
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._modules.keys())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._modules.clear()
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._modules
+
+
+MODULE_REGISTRY = ModuleRegistry()

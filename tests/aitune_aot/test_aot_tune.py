@@ -1,0 +1,227 @@
+"""aitune.torch.tune and Module.tune: recording over batch sizes, per-module tuning, dispatch, hooks."""
+
+import logging
+
+import pytest
+import torch
+from aot_models import MLP, CountingBackend, build
+
+from aitune_aot.module import Module, ModuleState
+from aitune_aot.tune import tune
+from aitune_core.backends.backend import BackendState
+from aitune_core.config import config
+from aitune_core.strategies.first_wins import FirstWinsStrategy
+
+
+@pytest.fixture(autouse=True)
+def _counts():
+    CountingBackend.reset()
+
+
+def _strategy():
+    return FirstWinsStrategy([CountingBackend()])
+
+
+def _dataset(n=8, features=8):
+    torch.manual_seed(123)
+    return [torch.randn(features) for _ in range(n)]
+
+
+def test_tune_then_an_unrecorded_batch_size_runs_the_backend_and_matches_eager(caplog):
+    model = build()
+    reference = build()  # same seed, same weights, never wrapped
+    model.encoder = Module(model.encoder, "enc")
+    caplog.set_level(logging.INFO, logger="aitune")
+    tune(model, _dataset(), batch_sizes=[1, 4], strategy=_strategy())
+
+    assert model.encoder.state is ModuleState.TUNED and model.encoder.is_active
+    assert "Recording batch size 1" in caplog.text and "Recorded batch size 4: 2 batch(es)" in caplog.text
+    ((spec, backend),) = model.encoder.backends
+    assert spec.input_spec.tensors[0].shape == ("batch0", 8) and backend.state is BackendState.ACTIVE
+    assert CountingBackend.builds == 1
+
+    x = torch.randn(3, 8)  # batch size 3 was never recorded, but is inside [1, 4]
+    before = CountingBackend.infers
+    with torch.no_grad():
+        assert torch.allclose(model(x), reference(x))
+    assert CountingBackend.infers == before + 1
+
+
+def test_shape_outside_the_tuned_range_falls_back_to_eager_with_a_warning(caplog):
+    model = build()
+    reference = build()
+    model.encoder = Module(model.encoder, "enc")
+    tune(model, _dataset(), batch_sizes=[1, 2], strategy=_strategy())
+    before = CountingBackend.infers
+    caplog.set_level(logging.WARNING, logger="aitune")
+    x = torch.randn(16, 8)
+    with torch.no_grad():
+        assert torch.allclose(model(x), reference(x))
+    assert CountingBackend.infers == before
+    assert "does not match any tuned graph" in caplog.text and "enc" in caplog.text
+
+
+def test_hooks_fire_exactly_once_in_the_tuned_state_and_modify_outputs_once():
+    model = build()
+    reference = build()
+    calls = []
+    model.encoder.register_forward_pre_hook(lambda m, args: calls.append("pre"))
+    model.encoder.register_forward_hook(lambda m, args, out: out + 1.0)
+    model.encoder = Module(model.encoder, "enc")
+    tune(model, _dataset(4), batch_sizes=[1, 2], strategy=_strategy())
+    calls.clear()
+    before = CountingBackend.infers
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        out = model.encoder(x)
+    assert calls == ["pre"]
+    assert CountingBackend.infers == before + 1  # the backend ran (and called the module without hooks)
+    assert torch.allclose(out, reference.encoder(x) + 1.0)
+
+
+def test_strategy_gets_the_original_module_and_a_cache_dir_per_graph(monkeypatch):
+    wrapped = Module(MLP(), "my net")
+    strategy = _strategy()
+    seen = []
+    original_tune = strategy.tune
+
+    def spy(module, name, graph_spec, data, device, cache_dir):
+        seen.append((module, name, graph_spec.name, len(data), device, cache_dir))
+        assert "forward" not in module.__dict__  # the module's own forward, not the routing
+        return original_tune(module, name, graph_spec, data, device, cache_dir)
+
+    monkeypatch.setattr(strategy, "tune", spy)
+    # two graphs: rank-2 and rank-3 inputs
+    dataset = [torch.randn(8)] * 2
+    tune(lambda x: (wrapped(x), wrapped(x.unsqueeze(1))), dataset, batch_sizes=[1, 2], strategy=strategy)
+    assert [(type(m), n, g) for m, n, g, *_ in seen] == [(MLP, "my_net", "0"), (MLP, "my_net", "1")]
+    assert seen[0][0] is wrapped.__wrapped__
+    assert [c for *_, c in seen] == [config.cache_dir / "my_net" / "0", config.cache_dir / "my_net" / "1"]
+    assert all(c.is_dir() for *_, c in seen)
+    assert [spec.name for spec in wrapped.graph_specs] == ["0", "1"]
+
+
+def test_strategies_per_graph_as_dict_and_list_and_module_strategy_precedence(monkeypatch):
+    used = []
+
+    def tracked(label):
+        strategy = _strategy()
+        original = strategy.tune
+        def spy(module, name, graph_spec, *args):
+            used.append((name, graph_spec.name, label))
+            return original(module, name, graph_spec, *args)
+
+        monkeypatch.setattr(strategy, "tune", spy)
+        return strategy
+
+    by_dict = Module(MLP(), "d", strategies={"1": tracked("dict-1")}, strategy=tracked("module"))
+    by_list = Module(MLP(), "l", strategies=[tracked("list-0"), tracked("list-1")])
+    too_few = Module(MLP(), "f", strategies=[tracked("only-one")])
+
+    def run(x):
+        for m in (by_dict, by_list, too_few):
+            m(x)
+            m(x.unsqueeze(1))
+
+    with pytest.raises(ValueError, match="recorded 2 graphs but 1 strategies"):
+        tune(run, [torch.randn(8)] * 2, batch_sizes=[1, 2], strategy=tracked("tune-arg"))
+    assert ("d", "0", "module") in used and ("d", "1", "dict-1") in used
+    assert ("l", "0", "list-0") in used and ("l", "1", "list-1") in used
+    assert not any(label == "tune-arg" for *_, label in used)
+    assert by_dict.state is ModuleState.TUNED and by_list.state is ModuleState.TUNED
+    assert too_few.state is ModuleState.PASSTHROUGH  # failed: back to passthrough, recording kept
+    assert len(too_few.graph_specs) == 2
+
+
+def test_other_modules_are_deactivated_while_one_tunes_then_all_are_activated(monkeypatch):
+    model = build()
+    model.encoder = Module(model.encoder, "enc")
+    model.head = Module(model.head, "head")
+    strategy = _strategy()
+    states = []
+    original = strategy.tune
+
+    def spy(module, name, *args):
+        states.append((name, model.encoder.is_active, model.head.is_active))
+        return original(module, name, *args)
+
+    monkeypatch.setattr(strategy, "tune", spy)
+    tune(model, _dataset(4), batch_sizes=[1, 2], strategy=strategy)
+    assert states == [("enc", False, False), ("head", False, False)]
+    assert model.encoder.is_active and model.head.is_active
+    assert [b.state for _, b in model.encoder.backends] == [BackendState.ACTIVE]
+
+
+def test_dry_run_builds_nothing_and_uncalled_modules_stay_passthrough(caplog):
+    model = build()
+    model.encoder = Module(model.encoder, "enc")
+    idle = Module(MLP(), "idle")
+    caplog.set_level(logging.INFO, logger="aitune")
+    tune(model, _dataset(4), batch_sizes=[1, 2], strategy=_strategy(), dry_run=True)
+    assert CountingBackend.builds == 0
+    assert model.encoder.state is ModuleState.PASSTHROUGH and len(model.encoder.graph_specs) == 1
+    assert idle.state is ModuleState.PASSTHROUGH
+    assert "Module `idle` was not called by func" in caplog.text and "Dry run" in caplog.text
+
+
+def test_already_tuned_modules_are_skipped_and_retuning_needs_force():
+    wrapped = Module(MLP(), "m")
+    tune(wrapped, _dataset(4), batch_sizes=[1, 2], strategy=_strategy())
+    with pytest.raises(ValueError, match="already been tuned"):
+        wrapped.tune()
+    tune(wrapped, _dataset(4), batch_sizes=[1, 2], strategy=_strategy())  # skipped, no error
+    assert CountingBackend.builds == 1
+    wrapped.enable_recording(force=True)
+    tune(wrapped, _dataset(4), batch_sizes=[2, 3], strategy=_strategy())
+    assert CountingBackend.builds == 2 and wrapped.graph_specs[0].input_spec.tensors[0].min_shape == (2, 8)
+
+
+def test_argument_validation():
+    wrapped = Module(MLP(), "m")
+    with pytest.raises(TypeError, match="callable"):
+        tune("model", _dataset())
+    with pytest.raises(ValueError, match="empty"):
+        tune(wrapped, [])
+    with pytest.raises(ValueError, match=">= 1"):
+        tune(wrapped, _dataset(), batch_sizes=[0, 1])
+    with pytest.raises(TypeError, match="TuneStrategy"):
+        tune(wrapped, _dataset(), strategy="fast")
+    assert wrapped.state is ModuleState.INIT  # nothing started
+    del wrapped
+    import gc
+
+    gc.collect()
+    with pytest.raises(ValueError, match=r"no aitune\.torch\.Module"):
+        tune(lambda x: x, _dataset())
+
+
+def test_a_failing_func_leaves_modules_in_passthrough():
+    wrapped = Module(MLP(), "m")
+
+    def broken(x):
+        wrapped(x)
+        raise RuntimeError("user bug")
+
+    with pytest.raises(RuntimeError, match="user bug"):
+        tune(broken, _dataset(), batch_sizes=[1, 2], strategy=_strategy())
+    assert wrapped.state is ModuleState.PASSTHROUGH
+
+
+def test_to_dict_and_from_dict_roundtrip_in_memory():
+    wrapped = Module(MLP(), "m")
+    tune(wrapped, _dataset(4), batch_sizes=[1, 2], strategy=_strategy())
+    state = wrapped.to_dict()[""]
+    assert Module.is_state_dict_valid(state) and not Module.is_state_dict_valid({"type": "x"})
+    assert state["name"] == "m" and state["backends"][0]["backend"]["type"] == "CountingBackend"
+    raw = MLP()
+    raw.load_state_dict(wrapped.state_dict())  # state_dict() is the wrapped module's own
+    restored = Module.from_dict(raw, state)
+    assert restored.state is ModuleState.TUNED and restored.name == "m_1"  # "m" is still alive
+    assert [b.state for _, b in restored.backends] == [BackendState.DEPLOYED]
+    x = torch.randn(2, 8)
+    before = CountingBackend.infers
+    with torch.no_grad():
+        assert torch.equal(restored(x), MLP.forward(wrapped.__wrapped__, x))
+    assert CountingBackend.infers == before + 1
+    with pytest.raises(ValueError, match="Invalid dictionary format"):
+        Module.from_dict(MLP(), {"type": "something else"})
