@@ -1,0 +1,26 @@
+"""The autowrapt entry point: `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` switches JIT tuning on when
+`torch` is first imported.
+
+autowrapt's start-up file (`autowrapt-init.pth`) reads the variable at interpreter start and registers every
+entry point of the named group as a post-import hook (wrapt) for the module the entry point is named after.
+This package declares `[project.entry-points.aitune_enable_jit_tuning] torch = ...`, so `import torch`
+anywhere in the program calls `enable_on_torch_import(torch)` right after torch finished importing.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+
+_logger = logging.getLogger("aitune.jit")
+
+
+def enable_on_torch_import(module: ModuleType | None = None) -> None:
+    """Post-import hook for `torch`; never raises (a failure is logged and the program runs untuned)."""
+    try:
+        from aitune_jit.switch import enable
+
+        enable()
+        _logger.info("aitune JIT tuning enabled (AUTOWRAPT_BOOTSTRAP)")
+    except Exception:
+        _logger.exception("aitune JIT tuning could not be enabled; the program runs without it")

@@ -1,0 +1,372 @@
+"""`jit_config`: the options of just-in-time tuning, validated when they are assigned.
+
+    from aitune.torch import jit_config
+    jit_config.min_samples = 2             # recorded calls of a graph before it is tuned
+    jit_config.device = "cuda:7"           # ConfigError at this line when there is no such GPU
+
+Options (default in brackets; each can also be given as an environment variable `AITUNE_JIT_<NAME>`, read
+when the process starts, e.g. `AITUNE_JIT_MIN_SAMPLES=3`, `AITUNE_JIT_BACKENDS=TorchEagerBackend`):
+
+- `min_samples` [2]: recorded calls of one graph (input structure) before that graph is tuned.
+- `batch_axis_required` [False]: when True, a graph is tuned only once its recordings show a batch axis
+  (the leading dimension varies between calls); until then the module keeps recording.
+- `max_depth_level` [2]: deepest level of the call tree whose modules may be tuned (root = 0).
+- `min_parameters` [1000]: modules with fewer parameters are SKIPPED (their children may still be tuned).
+- `detect_graph_breaks` [True]: before tuning, dynamo explains one recorded call; a module with a graph
+  break stays EAGER and its children become candidates.
+- `skip_modules` [[]]: class names that are never tuned (SKIPPED; their children may still be tuned).
+- `device` [None]: device to tune on; None means the device of the module's parameters (CPU without any).
+- `dry_run` [False]: log what would be tuned (graph-break checks included) and change nothing.
+- `backends` [None]: list of `Backend` candidates; None means `default_backends(device)`.
+- `strategy` [None]: a `TuneStrategy`; None means `FirstWinsStrategy(backends)` when `backends` is set,
+  else `default_strategy(device)`.
+- `cache_dir` [`$AITUNE_JIT_CACHE_DIR`, else `<aitune cache>/jit`]: where backends put artifacts. JIT mode
+  does not reuse them across runs.
+- `precision` [None]: None, "bf16" or "fp16"; adds autocast Inductor candidates to the default backends,
+  validated with the tolerance of that dtype (opt-in: it changes numerics within that tolerance).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from aitune_core.backends.backend import Backend, BackendState
+from aitune_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from aitune_core.strategies.strategy import TuneStrategy
+
+CACHE_DIR_ENV = "AITUNE_JIT_CACHE_DIR"
+ENV_PREFIX = "AITUNE_JIT_"
+PRECISIONS = ("bf16", "fp16")
+PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# ----------------------------------------------------------------------------------------------- validators
+def _non_negative_int(name: str, value: Any, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"jit_config.{name} must be an int, got {value!r} of type {type(value).__name__}")
+    if value < minimum:
+        raise ConfigError(f"jit_config.{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _min_samples(name: str, value: Any) -> int:
+    return _non_negative_int(name, value, minimum=1)
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"jit_config.{name} must be True or False, got {value!r} of type {type(value).__name__}")
+    return value
+
+
+def _skip_modules(name: str, value: Any) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+        raise ConfigError(f"jit_config.{name} must be a list of class names, got {value!r}")
+    names = []
+    for item in value:
+        if isinstance(item, type):
+            item = item.__name__
+        if not isinstance(item, str) or not item:
+            raise ConfigError(f"jit_config.{name} must hold class names (str), got {item!r}")
+        names.append(item)
+    return names
+
+
+def validate_device(name: str, value: Any) -> torch.device | None:
+    """A device that exists on this machine, or None; otherwise a ConfigError saying why."""
+    if value is None:
+        return None
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"jit_config.{name}: {value!r} is not a device ({exc})") from exc
+    if device.type == "cpu":
+        return device
+    module = getattr(torch, device.type, None)
+    is_available = getattr(module, "is_available", None)
+    if is_available is None or not is_available():
+        raise ConfigError(f"jit_config.{name} = {value!r}, but no {device.type} device is available on this machine")
+    count = getattr(module, "device_count", lambda: 1)()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(
+            f"jit_config.{name} = {value!r}, but this machine has {count} {device.type} device(s) "
+            f"(indices 0..{count - 1})"
+        )
+    return device
+
+
+def _backends(name: str, value: Any) -> list[Backend] | None:
+    if value is None:
+        return None
+    if isinstance(value, Backend):
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"jit_config.{name} must be a list of Backend instances, got {type(value).__name__}")
+    if not value:
+        raise ConfigError(f"jit_config.{name} is empty; set None for the default backends")
+    for item in value:
+        if isinstance(item, type) and issubclass(item, Backend):
+            raise ConfigError(f"jit_config.{name}: pass an instance, e.g. {item.__name__}(), not the class")
+        if not isinstance(item, Backend):
+            raise ConfigError(
+                f"jit_config.{name} must hold Backend instances (e.g. TorchInductorBackend()), "
+                f"got {item!r} of type {type(item).__name__}"
+            )
+        if item.state is not BackendState.INIT:
+            raise ConfigError(f"jit_config.{name}: {item.describe()} is {item.state.name}; pass unbuilt backends")
+    return list(value)
+
+
+def _strategy(name: str, value: Any) -> TuneStrategy | None:
+    if value is None:
+        return None
+    from aitune_core.strategies.strategy import TuneStrategy
+
+    if not isinstance(value, TuneStrategy):
+        raise ConfigError(f"jit_config.{name} must be a TuneStrategy instance or None, got {type(value).__name__}")
+    return value
+
+
+def _path(name: str, value: Any) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or str(value) == "":
+        raise ConfigError(f"jit_config.{name} must be a non-empty str or Path, got {value!r}")
+    return Path(value).expanduser()
+
+
+def _precision(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if value == torch.bfloat16:
+        return "bf16"
+    if value == torch.float16:
+        return "fp16"
+    if isinstance(value, str) and value.lower() in PRECISIONS:
+        return value.lower()
+    raise ConfigError(f"jit_config.{name} must be None, 'bf16' or 'fp16', got {value!r}")
+
+
+def default_cache_dir() -> Path:
+    """`$AITUNE_JIT_CACHE_DIR` when set, else `<aitune core cache_dir>/jit`."""
+    env = os.environ.get(CACHE_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    from aitune_core.config import config
+
+    return Path(config.cache_dir) / "jit"
+
+
+# ----------------------------------------------------------------------------------------------- env parsing
+def _env_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"expected a boolean (1/0, true/false), got {text!r}")
+
+
+def _env_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError as exc:
+        raise ConfigError(f"expected an integer, got {text!r}") from exc
+
+
+def _env_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _env_backends(text: str) -> list[Backend]:
+    from aitune_core.backends.registry import backend_class
+
+    backends = []
+    for name in _env_list(text):
+        try:
+            backends.append(backend_class(name)())
+        except KeyError as exc:
+            raise ConfigError(str(exc)) from exc
+    return backends
+
+
+def _env_optional(text: str) -> str | None:
+    return None if text.strip().lower() in ("", "none") else text.strip()
+
+
+# name -> (validator, default factory, parser of the environment variable's text or None)
+_OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable[[str], Any] | None]] = {
+    "min_samples": (_min_samples, lambda: 2, _env_int),
+    "batch_axis_required": (_bool, lambda: False, _env_bool),
+    "max_depth_level": (_non_negative_int, lambda: 2, _env_int),
+    "min_parameters": (_non_negative_int, lambda: 1000, _env_int),
+    "detect_graph_breaks": (_bool, lambda: True, _env_bool),
+    "skip_modules": (_skip_modules, list, _env_list),
+    "device": (validate_device, lambda: None, _env_optional),
+    "dry_run": (_bool, lambda: False, _env_bool),
+    "backends": (_backends, lambda: None, _env_backends),
+    "strategy": (_strategy, lambda: None, None),
+    "cache_dir": (_path, default_cache_dir, str),
+    "precision": (_precision, lambda: None, _env_optional),
+}
+
+
+class JitConfig:
+    """Validated JIT options (see the module docstring); `jit_config` is the process-wide instance."""
+
+    min_samples: int
+    batch_axis_required: bool
+    max_depth_level: int
+    min_parameters: int
+    detect_graph_breaks: bool
+    skip_modules: list[str]
+    device: torch.device | None
+    dry_run: bool
+    backends: list[Backend] | None
+    strategy: TuneStrategy | None
+    cache_dir: Path
+    precision: str | None
+
+    def __init__(self, *, read_env: bool = True, **options: Any) -> None:
+        self.reset(read_env=read_env)
+        for name, value in options.items():
+            setattr(self, name, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        option = _OPTIONS.get(name)
+        if option is None:
+            raise ConfigError(f"unknown jit_config option {name!r}; known options: {', '.join(_OPTIONS)}")
+        object.__setattr__(self, name, option[0](name, value))
+
+    def __delattr__(self, name: str) -> None:
+        raise ConfigError(f"jit_config options cannot be deleted ({name!r}); assign a value instead")
+
+    def reset(self, *, read_env: bool = True) -> None:
+        """Every option back to its default, then the `AITUNE_JIT_*` environment variables when `read_env`."""
+        for name, (_validator, default, _parser) in _OPTIONS.items():
+            setattr(self, name, default())
+        if read_env:
+            self._read_env()
+
+    def _read_env(self) -> None:
+        for name, (_validator, _default, parser) in _OPTIONS.items():
+            if parser is None:
+                continue
+            variable = ENV_PREFIX + name.upper()
+            text = os.environ.get(variable)
+            if text is None:
+                continue
+            try:
+                setattr(self, name, parser(text))
+            except ConfigError as exc:
+                raise ConfigError(f"{variable}={text!r}: {exc}") from exc
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _OPTIONS}
+
+    @contextmanager
+    def override(self, **options: Any) -> Iterator[JitConfig]:
+        """Set options for a block; the previous values come back afterwards (all validated first)."""
+        saved = self.to_dict()
+        validated = {}
+        for name, value in options.items():
+            option = _OPTIONS.get(name)
+            if option is None:
+                raise ConfigError(f"unknown jit_config option {name!r}; known options: {', '.join(_OPTIONS)}")
+            validated[name] = option[0](name, value)
+        try:
+            for name, value in validated.items():
+                object.__setattr__(self, name, value)
+            yield self
+        finally:
+            for name, value in saved.items():
+                object.__setattr__(self, name, value)
+
+    def validate(self) -> None:
+        """Re-check every option (called when tuning starts: a GPU may have gone, an option may have been
+        put in place behind the setter's back)."""
+        for name, (validator, _default, _parser) in _OPTIONS.items():
+            validator(name, getattr(self, name))
+
+    def resolve_strategy(self, device: torch.device) -> TuneStrategy:
+        """The strategy tuning uses: `strategy`, else FirstWins over `backends`, else `default_strategy`."""
+        if self.strategy is not None:
+            return self.strategy
+        if self.backends is not None:
+            from aitune_core.strategies.first_wins import FirstWinsStrategy
+
+            return FirstWinsStrategy([backend.blueprint_copy() for backend in self.backends])
+        return default_strategy(device, precision=self.precision)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"JitConfig({inner})"
+
+
+# ----------------------------------------------------------------------------------------------- defaults
+def tensorrt_available() -> bool:
+    """True when the `tensorrt` package can be imported (checked without importing it)."""
+    try:
+        return importlib.util.find_spec("tensorrt") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def default_backends(device: torch.device | str | None = None, precision: str | None = None) -> list[Backend]:
+    """The candidates used when `jit_config.backends` is None, in the order they are tried.
+
+    - TensorRT first when the `tensorrt` package is importable (it is the fastest where it works);
+    - Torch Inductor (default mode);
+    - on CUDA also Inductor `mode="reduce-overhead"` (CUDA graphs: removes launch overhead for small batches);
+    - with `precision` ("bf16"/"fp16"), Inductor under autocast to that dtype (validated with that dtype's
+      tolerance), on CUDA also its CUDA-graph variant.
+    """
+    from aitune_core.backends.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
+
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    cuda = device.type == "cuda"
+    backends: list[Backend] = []
+    if tensorrt_available():
+        from aitune_core.backends.tensorrt import TensorRTBackend
+
+        backends.append(TensorRTBackend())
+    backends.append(TorchInductorBackend())
+    if cuda:
+        backends.append(TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead")))
+    if precision is not None:
+        dtype = PRECISION_DTYPES[_precision("precision", precision)]
+        autocast = {"autocast_enabled": True, "autocast_dtype": dtype}
+        backends.append(TorchInductorBackend(TorchInductorBackendConfig(**autocast)))
+        if cuda:
+            backends.append(TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead", **autocast)))
+    return backends
+
+
+def default_strategy(device: torch.device | str | None = None, precision: str | None = None) -> TuneStrategy:
+    """The strategy used when neither `jit_config.strategy` nor `jit_config.backends` is set.
+
+    - CUDA: `HighestThroughputStrategy` over `default_backends(device, precision)`, profiled at the shapes
+      that were recorded (JIT cannot extrapolate batch sizes). It measures eager too, so a module that no
+      backend makes faster stays eager, and it picks CUDA graphs (reduce-overhead) only where they pay.
+    - CPU (and other devices): `FirstWinsStrategy` over the same list: the first candidate that builds
+      and validates wins, which keeps tuning time short where Inductor compiles are slow.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    backends = default_backends(device, precision)
+    if device.type == "cuda":
+        from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
+
+        return HighestThroughputStrategy(backends, profile_at_recorded_shapes=True)
+    from aitune_core.strategies.first_wins import FirstWinsStrategy
+
+    return FirstWinsStrategy(backends)
+
+
+jit_config = JitConfig()

@@ -1,0 +1,45 @@
+"""Decorator mode: only modules constructed inside the decorated function (or the `with` block) are tuned.
+
+    @patch_for_jit_tuning
+    def create_model():
+        return MyModel().eval()
+
+    with prepare_for_jit_tuning():
+        model = MyModel().eval()
+
+The `Module.__call__` patch is installed on first use and stays (the model is called after the factory
+returns); modules built elsewhere go straight to the original `__call__` after one lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aitune_jit import hook
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class prepare_for_jit_tuning(contextlib.ContextDecorator):
+    """Context manager (and decorator): modules this thread constructs inside it become JIT candidates."""
+
+    def __enter__(self) -> prepare_for_jit_tuning:
+        hook.open_scope()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        hook.close_scope()
+
+
+def patch_for_jit_tuning(fn: F) -> F:
+    """Decorator: modules constructed while `fn` runs become JIT candidates; nothing else is tuned."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with prepare_for_jit_tuning():
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]

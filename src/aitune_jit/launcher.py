@@ -1,0 +1,61 @@
+"""`python -m aitune.torch.jit [--print-hierarchy] [--print-history] script.py [args...]`
+
+Runs `script.py` as `__main__` (like `python script.py args...`: `sys.argv` and `sys.path[0]` are the script's)
+with JIT tuning switched on. Useful where autowrapt's start-up hook is not processed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m aitune.torch.jit",
+        description="Run a Python script with aitune just-in-time tuning switched on.",
+    )
+    parser.add_argument("--print-hierarchy", action="store_true", help="print the JIT hierarchy when the script ends")
+    parser.add_argument("--print-history", action="store_true", help="print the JIT tuning history when it ends")
+    parser.add_argument("script", help="path of the script to run")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    script = options.script
+    if not os.path.isfile(script):
+        print(f"python -m aitune.torch.jit: can't open file {script!r}", file=sys.stderr)
+        return 2
+
+    from aitune_jit.patched_module import PatchedModule
+    from aitune_jit.switch import enable
+
+    saved_argv, saved_path0 = list(sys.argv), (sys.path[0] if sys.path else None)
+    sys.argv = [script, *options.args]
+    script_dir = os.path.dirname(os.path.abspath(script))
+    if sys.path:
+        sys.path[0] = script_dir
+    else:
+        sys.path.insert(0, script_dir)
+    enable()
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    finally:
+        if options.print_hierarchy:
+            PatchedModule.print_hierarchy()
+        if options.print_history:
+            PatchedModule.print_history()
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+    return code

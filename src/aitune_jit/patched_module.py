@@ -1,0 +1,646 @@
+"""`PatchedModule`: one node of the observed call tree, attached to its module as a single small object.
+
+A node is created the first time the hook sees its module called (see `hook.py`); the node on top of the
+thread's call stack at that moment is its parent. What a node does per state:
+
+- INIT: pushes itself on the call stack (so its children find their parent), nothing else.
+- RECORDING: additionally owns a forward wrapper (an instance attribute `forward`, accelerate-hooks style)
+  that records (inputs, output) of `forward` - after the user's pre-hooks, before the forward hooks - into a
+  `GraphRecorder`; when a graph has `min_samples` recordings it is tuned (`tuner.tune_node`) under the
+  root's lock (other threads run eagerly meanwhile, nobody waits).
+- TUNED: the forward wrapper routes calls through a `GraphDispatcher` (backend per graph, eager fallback
+  with one warning, new graphs recorded and tuned when they have enough samples). The user's forward
+  pre/post hooks still run around it, because `Module.__call__` is untouched and only `forward` changed.
+- EAGER / SKIPPED: no wrapper; pushes itself while its children may still be candidates, and settles
+  on the fast path once it is known to be a leaf.
+- DETACHED: no wrapper, fast path.
+
+Nothing a node does may change what the program computes: every failure ends in the original forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from aitune_jit.config import jit_config
+from aitune_jit.runtime import CANDIDATE, is_compiling, tls
+from aitune_jit.state import NodeState
+
+if TYPE_CHECKING:
+    from aitune_core.backends.backend import Backend
+    from aitune_core.backends.dispatcher import GraphDispatcher
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_core.specs.graph_spec import GraphSpec
+    from aitune_core.strategies.strategy import TuneReport
+
+_logger = logging.getLogger("aitune.jit")
+
+_MISSING: Any = object()
+HISTORY_LIMIT = 10_000
+#: calls of an EAGER / SKIPPED node with its whole subtree settled before it moves to the fast path
+SETTLE_CALLS = 3
+
+
+def format_count(count: int) -> str:
+    """Parameter counts as in the hierarchy view: 128, 9.4K, 11.7M, 1.2B."""
+    if count < 1000:
+        return str(count)
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.1f}{unit}"
+    return str(count)  # pragma: no cover
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    total = 0
+    for parameter in module.parameters():
+        try:
+            total += parameter.numel()
+        except (RuntimeError, ValueError):  # lazy (uninitialized) parameters
+            continue
+    return total
+
+
+def _restore_forward(module: torch.nn.Module, saved: Any) -> Any:
+    """What a copy (deepcopy / pickle) of a module gets instead of aitune's forward wrapper."""
+    if saved is not None:
+        return saved
+    return types.MethodType(type(module).forward, module)
+
+
+def _restore_slot() -> Any:
+    """What a copy of a module gets instead of the node: a fresh candidate (adopted on its first call)."""
+    return CANDIDATE
+
+
+class _ForwardWrapper:
+    """The instance attribute `forward` of a RECORDING or TUNED module.
+
+    `inspect.signature(module.forward)` still shows the original signature (`__wrapped__`), and copying or
+    pickling the module yields the original forward bound to the copy, never this object. (No `__slots__`:
+    dynamo guards on the `__dict__` of the objects it traces through, e.g. when the user compiles a model
+    whose modules are being recorded.)
+    """
+
+    def __init__(self, node: PatchedModule, wrapped: Callable[..., Any]) -> None:
+        self._node = node
+        self.__wrapped__ = wrapped
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._node._forward(args, kwargs)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        node = self._node
+        saved = None if node._saved_forward is _MISSING else node._saved_forward
+        return (_restore_forward, (node.module, saved))
+
+    def __repr__(self) -> str:
+        return f"<aitune JIT forward of {self._node.path}>"
+
+
+class PatchedModule:
+    """A module seen by the JIT hook; see the module docstring. Class-level views: `print_hierarchy`,
+    `history` / `print_history`, `roots()`, `of(module)`."""
+
+    #: every step JIT tuning took, in order (bounded to the last `HISTORY_LIMIT` entries)
+    history: ClassVar[list[str]] = []
+    _roots: ClassVar[list[weakref.ref[PatchedModule]]] = []
+    _registry_lock: ClassVar[threading.RLock] = threading.RLock()
+    nodes_seen: ClassVar[int] = 0
+
+    __slots__ = (
+        "__weakref__",
+        "_checked_graphs",
+        "_child_names",
+        "_dispatcher",
+        "_entries",
+        "_failed",
+        "_forward_fn",
+        "_module_ref",
+        "_notes",
+        "_pending",
+        "_proxy",
+        "_quiet",
+        "_record_lock",
+        "_recorder",
+        "_saved_forward",
+        "_started",
+        "_trainable",
+        "_tune_lock",
+        "_tuning",
+        "_wrapper",
+        "call_count",
+        "children",
+        "descend",
+        "fast",
+        "level",
+        "name",
+        "num_parameters",
+        "parent",
+        "path",
+        "reason",
+        "reports",
+        "state",
+    )
+
+    def __init__(self, module: torch.nn.Module, parent: PatchedModule | None) -> None:
+        self._module_ref = weakref.ref(module)
+        self.name = type(module).__name__
+        self.parent = parent
+        self.children: list[PatchedModule] = []
+        self.level = parent.level + 1 if parent is not None else 0
+        self.num_parameters = count_parameters(module)
+        self.path = parent._child_path(module) if parent is not None else self.name
+        self.call_count = 0
+        self.state = NodeState.INIT
+        self.reason: str | None = None
+        self.fast = False
+        self.descend = True  # EAGER / SKIPPED: whether the children may become candidates
+        self.reports: list[TuneReport] = []
+        self._tune_lock: threading.Lock = parent._tune_lock if parent is not None else threading.Lock()
+        self._record_lock = threading.Lock()
+        self._started = False
+        self._trainable = False
+        self._forward_fn: Callable[..., Any] | None = None
+        self._wrapper: _ForwardWrapper | None = None
+        self._saved_forward: Any = _MISSING
+        self._recorder: GraphRecorder | None = None
+        self._entries: list[tuple[GraphSpec, Backend]] = []
+        self._dispatcher: GraphDispatcher | None = None
+        self._failed: dict[str, str] = {}
+        self._checked_graphs: set[str] = set()
+        self._pending = False
+        self._tuning = False
+        self._quiet = 0
+        self._proxy: torch.nn.Module | None = None
+        self._child_names: dict[int, str] | None = None
+        self._notes: set[str] = set()
+        with PatchedModule._registry_lock:
+            PatchedModule.nodes_seen += 1
+            if parent is None:
+                PatchedModule._roots.append(weakref.ref(self))
+            else:
+                parent.children.append(self)
+                parent._quiet = 0
+
+    # ------------------------------------------------------------------------------------------ identity / views
+    @property
+    def module(self) -> torch.nn.Module | None:
+        return self._module_ref()
+
+    @property
+    def short(self) -> str:
+        return f"{self.name} 📊{format_count(self.num_parameters)}"
+
+    @property
+    def backends(self) -> list[Backend]:
+        return [backend for _spec, backend in self._entries]
+
+    @property
+    def backend_names(self) -> list[str]:
+        names: list[str] = []
+        for backend in self.backends:
+            if backend.name not in names:
+                names.append(backend.name)
+        return names
+
+    @property
+    def speedup(self) -> float | None:
+        """Eager / tuned latency measured at recorded shapes (first graph that was measured), else None."""
+        for report in self.reports:
+            if report.speedup is not None:
+                return report.speedup
+        return None
+
+    @property
+    def dispatcher(self) -> GraphDispatcher | None:
+        return self._dispatcher
+
+    @property
+    def recorder(self) -> GraphRecorder | None:
+        return self._recorder
+
+    def __str__(self) -> str:
+        backend = f" ({', '.join(self.backend_names)})" if self.state is NodeState.TUNED and self._entries else ""
+        return (
+            f"{self.short} level={self.level}🪜 state={self.state}{backend} call_count={self.call_count}"
+        )
+
+    def __repr__(self) -> str:
+        return f"<PatchedModule {self.path} {self.state.name}>"
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # A deepcopy / pickle of the module must not share (or carry) this node.
+        return (_restore_slot, ())
+
+    def _child_path(self, module: torch.nn.Module) -> str:
+        names = self._child_names
+        if names is None or id(module) not in names:
+            own = self.module
+            names = {id(sub): name for name, sub in own.named_modules(remove_duplicate=False)} if own else {}
+            self._child_names = names
+        relative = names.get(id(module))
+        return f"{self.path}.{relative}" if relative else f"{self.path}->{type(module).__name__}"
+
+    @classmethod
+    def of(cls, module: torch.nn.Module) -> PatchedModule | None:
+        """The node of `module`, or None when the hook has not made it one."""
+        from aitune_jit.hook import NODE_ATTR
+
+        slot = module.__dict__.get(NODE_ATTR)
+        return slot if isinstance(slot, PatchedModule) else None
+
+    @classmethod
+    def roots(cls) -> list[PatchedModule]:
+        with cls._registry_lock:
+            alive = [node for node in (ref() for ref in cls._roots) if node is not None]
+            cls._roots = [weakref.ref(node) for node in alive]
+        return alive
+
+    @classmethod
+    def walk(cls) -> Iterator[PatchedModule]:
+        """Every live node, depth first, parents before children."""
+        for root in cls.roots():
+            yield from root.subtree()
+
+    def subtree(self) -> Iterator[PatchedModule]:
+        stack = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(node.children))
+
+    @classmethod
+    def hierarchy_lines(cls) -> list[str]:
+        lines = ["JIT Tuning Hierarchy:"]
+        for node in cls.walk():
+            lines.append(f"{'   ' * node.level}├─ {node}")
+        return lines
+
+    @classmethod
+    def print_hierarchy(cls, sink: Callable[[str], Any] = print) -> None:
+        """Print the observed call tree: one line per node with parameters, level, state, backend, calls."""
+        for line in cls.hierarchy_lines():
+            sink(line)
+
+    @classmethod
+    def print_history(cls, sink: Callable[[str], Any] = print) -> None:
+        """Print every step JIT tuning took (new modules, graph-break checks, tuning, failures, detaching)."""
+        for line in list(cls.history):
+            sink(line)
+
+    @classmethod
+    def _log(cls, message: str, level: int = logging.INFO) -> None:
+        with cls._registry_lock:
+            cls.history.append(message)
+            if len(cls.history) > HISTORY_LIMIT:
+                del cls.history[: len(cls.history) - HISTORY_LIMIT]
+        _logger.log(level, message)
+
+    def _note_once(self, key: str, message: str, level: int = logging.INFO) -> None:
+        if key not in self._notes:
+            self._notes.add(key)
+            self._log(message, level)
+
+    # ------------------------------------------------------------------------------------------ the call path
+    def observed_call(self, call: Callable[..., Any], module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        """`Module.__call__` of a node that is not on the fast path: keeps the call stack and the counts."""
+        self.call_count += 1
+        if not self._started:
+            self._start()
+        stack = tls.stack
+        stack.append(self)
+        try:
+            return call(module, args, kwargs)
+        finally:
+            stack.pop()
+            state = self.state
+            if state is NodeState.EAGER or state is NodeState.SKIPPED:
+                self._settle()
+
+    def _settle(self) -> None:
+        """An EAGER / SKIPPED node moves to the fast path once its subtree stopped changing: every child
+        on the fast path for `SETTLE_CALLS` consecutive calls without a new child. (A module first called
+        under a settled node later, e.g. in a branch never taken so far, attaches to the nearest node above.)"""
+        if all(child.fast for child in self.children):
+            self._quiet += 1
+            if self._quiet >= SETTLE_CALLS:
+                self.fast = True
+        else:
+            self._quiet = 0
+
+    def _start(self) -> None:
+        with PatchedModule._registry_lock:
+            if self._started:
+                return
+            self._started = True
+            self._log(f"New {'top' if self.parent is None else 'child'} module: {self}")
+            parent = self.parent
+            if parent is not None and (
+                parent.state in (NodeState.TUNED, NodeState.DETACHED)
+                or (parent.state is NodeState.SKIPPED and not parent.descend)
+            ):
+                self._detach()
+                return
+            reason = self._skip_reason()
+            if reason is not None:
+                self.state = NodeState.SKIPPED
+                self.reason = reason
+                self._log(f"Skipping {self.short}: {reason}")
+            elif parent is None or parent.is_open:
+                self._become_candidate()
+
+    def _skip_reason(self) -> str | None:
+        cfg = jit_config
+        module = self.module
+        qualified = f"{type(module).__module__}.{type(module).__qualname__}" if module is not None else self.name
+        if self.name in cfg.skip_modules or qualified in cfg.skip_modules:
+            return f"{self.name} is in jit_config.skip_modules"
+        if self.level > cfg.max_depth_level:
+            return f"level {self.level} is deeper than jit_config.max_depth_level={cfg.max_depth_level}"
+        if self.num_parameters < cfg.min_parameters:
+            return (
+                f"{format_count(self.num_parameters)} parameters is fewer than "
+                f"jit_config.min_parameters={cfg.min_parameters}"
+            )
+        return None
+
+    @property
+    def is_open(self) -> bool:
+        """True when this node will not be tuned itself and its children may be (all ancestors agree)."""
+        node: PatchedModule | None = self
+        while node is not None:
+            if node.state not in (NodeState.EAGER, NodeState.SKIPPED) or not node.descend:
+                return False
+            node = node.parent
+        return True
+
+    # ------------------------------------------------------------------------------------------ forward wrapper
+    def _install_forward(self, module: torch.nn.Module) -> None:
+        if self._wrapper is not None:
+            return
+        instance_dict = module.__dict__
+        self._saved_forward = instance_dict.get("forward", _MISSING)
+        self._forward_fn = module.forward
+        self._wrapper = _ForwardWrapper(self, self._forward_fn)
+        instance_dict["forward"] = self._wrapper
+
+    def _uninstall_forward(self) -> None:
+        wrapper = self._wrapper
+        self._wrapper = None
+        module = self.module
+        if wrapper is None or module is None:
+            return
+        instance_dict = module.__dict__
+        if instance_dict.get("forward") is wrapper:
+            if self._saved_forward is _MISSING:
+                del instance_dict["forward"]
+            else:
+                instance_dict["forward"] = self._saved_forward
+        self._saved_forward = _MISSING
+
+    def _forward(self, args: tuple, kwargs: dict) -> Any:
+        """The module's `forward` while RECORDING or TUNED."""
+        forward = self._forward_fn
+        if is_compiling() or tls.bypass:
+            return forward(*args, **kwargs)  # type: ignore[misc]
+        state = self.state
+        if state is NodeState.TUNED:
+            if self._recordable(args, kwargs):
+                return self._dispatch(args, kwargs)
+            return forward(*args, **kwargs)  # type: ignore[misc]
+        if state is NodeState.RECORDING and not self._tuning and self._recordable(args, kwargs):
+            output = forward(*args, **kwargs)  # type: ignore[misc]
+            self._record(args, kwargs, output)
+            if self._pending:
+                self._try_tune()
+            return output
+        return forward(*args, **kwargs)  # type: ignore[misc]
+
+    def _recordable(self, args: tuple, kwargs: dict) -> bool:
+        """Only inference calls are recorded and dispatched: eval mode, and no autograd graph to preserve."""
+        module = self.module
+        if module is None:
+            return False
+        if module.training:
+            self._note_once(
+                "training",
+                f"{self.short} is in training mode: its calls run eagerly and are not recorded (use .eval())",
+            )
+            return False
+        if torch.is_grad_enabled() and (
+            self._trainable
+            or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            or any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
+        ):
+            self._note_once(
+                "grad",
+                f"{self.short} is called with gradients enabled: those calls run eagerly and are not recorded "
+                "(use torch.no_grad() or torch.inference_mode())",
+            )
+            return False
+        return True
+
+    def _become_candidate(self) -> None:
+        from aitune_core.recording.graph_recorder import GraphRecorder
+
+        module = self.module
+        if module is None:
+            return
+        self._trainable = any(p.requires_grad for p in module.parameters())
+        self._install_forward(module)
+        self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
+        self.state = NodeState.RECORDING
+
+    def _record(self, args: tuple, kwargs: dict, output: Any) -> None:
+        recorder = self._recorder
+        if recorder is None:
+            return
+        try:
+            spec = recorder.record(args, kwargs, output)
+        except Exception as exc:
+            reason = f"its calls cannot be recorded ({type(exc).__name__}: {exc})"
+            _logger.debug("Recording %s failed", self.path, exc_info=True)
+            if self.state is NodeState.RECORDING:
+                self.go_eager(reason)
+            else:
+                self._recorder = None
+                self._note_once("record", f"{self.short}: new graphs are not tuned: {reason}", logging.WARNING)
+            return
+        name = spec.name
+        if name in self._failed or any(s.name == name for s, _ in self._entries):
+            return
+        cfg = jit_config
+        if recorder.num_samples(name) < cfg.min_samples:
+            return
+        if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
+            self._note_once(
+                f"batch-axis-{name}",
+                f"{self.short}: graph {name} has {recorder.num_samples(name)} recordings but no batch axis yet "
+                "(jit_config.batch_axis_required); still recording",
+            )
+            return
+        self._pending = True
+
+    def _try_tune(self) -> None:
+        if not self._tune_lock.acquire(blocking=False):
+            return  # another thread tunes a module of this root now; try again on a later call
+        try:
+            if not self._pending or self._tuning:
+                return
+            self._pending = False
+            self._tuning = True
+            try:
+                from aitune_jit.tuner import tune_node
+
+                tune_node(self)
+            finally:
+                self._tuning = False
+        finally:
+            self._tune_lock.release()
+
+    # ------------------------------------------------------------------------------------------ tuned dispatch
+    def _dispatch(self, args: tuple, kwargs: dict) -> Any:
+        dispatcher = self._dispatcher
+        state = tls
+        state.bypass += 1
+        try:
+            try:
+                return dispatcher(*args, **kwargs)  # type: ignore[misc]
+            except Exception as exc:
+                if getattr(exc, "_aitune_jit_fallback", False):
+                    raise  # the original forward raised: the user's error, not ours
+                self._backend_failed(exc, args, kwargs)
+                return self._forward_fn(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            state.bypass -= 1
+
+    def _fallback(self, *args: Any, **kwargs: Any) -> Any:
+        """Calls no tuned graph accepts: run the original forward; record them so new graphs get tuned."""
+        try:
+            output = self._forward_fn(*args, **kwargs)  # type: ignore[misc]
+        except Exception as exc:
+            with contextlib.suppress(Exception):  # exceptions without a __dict__
+                exc._aitune_jit_fallback = True  # type: ignore[attr-defined]
+            raise
+        if self._recorder is not None:
+            self._record(args, kwargs, output)
+            if self._pending:
+                self._try_tune()
+        return output
+
+    def _backend_failed(self, exc: Exception, args: tuple, kwargs: dict) -> None:
+        from aitune_core.backends.dispatcher import GraphDispatcher
+
+        dispatcher = self._dispatcher
+        backend = dispatcher.backend_for(args, kwargs) if dispatcher is not None else None
+        failed = [(spec, b) for spec, b in self._entries if b is backend]
+        self._entries = [(spec, b) for spec, b in self._entries if b is not backend]
+        for spec, _b in failed:
+            self._failed[spec.name] = f"backend failed at run time: {type(exc).__name__}: {exc}"
+        self._log(
+            f"Backend {backend.describe() if backend else '?'} of {self.short} failed at run time "
+            f"({type(exc).__name__}: {exc}); that graph runs eagerly from now on",
+            logging.WARNING,
+        )
+        _logger.debug("Backend failure in %s", self.path, exc_info=True)
+        if self._entries:
+            self._dispatcher = GraphDispatcher(self._entries, self._fallback, self.path)
+        else:
+            self.go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
+
+    # ------------------------------------------------------------------------------------------ transitions
+    def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
+        """Route calls of these graphs through their backends; detach the subtree on the first success."""
+        from aitune_core.backends.dispatcher import GraphDispatcher
+        from aitune_jit import summary
+
+        self._entries = [*self._entries, *entries]
+        self.reports.extend(reports)
+        self._dispatcher = GraphDispatcher(self._entries, self._fallback, self.path)
+        if self.state is not NodeState.TUNED:
+            self.state = NodeState.TUNED
+            self.reason = None
+            self.fast = True
+            self._detach_subtree()
+        summary.record_tuned(self)
+
+    def go_eager(self, reason: str, *, reopen: bool = True) -> None:
+        """Run the original forward from now on; the children become candidates (when `reopen`)."""
+        self._uninstall_forward()
+        self._recorder = None
+        self._proxy = None
+        self._dispatcher = None
+        self._pending = False
+        self.reason = reason
+        self.descend = reopen
+        self.state = NodeState.EAGER
+        self._log(f"{self.short} stays eager: {reason}", logging.INFO)
+        if reopen and self.is_open:
+            self._open_children()
+
+    def go_dry_run(self, message: str) -> None:
+        """Dry run: log what tuning would do, keep the module as it is, and treat the subtree as covered."""
+        self._uninstall_forward()
+        self._recorder = None
+        self._proxy = None
+        self._pending = False
+        self.reason = f"dry run: {message}"
+        self.descend = False
+        self.state = NodeState.SKIPPED
+        self.fast = True
+        self._log(f"Dry run: {message}")
+        self._detach_subtree()
+
+    def _open_children(self) -> None:
+        for child in list(self.children):
+            if child.state is NodeState.INIT and child._started:
+                child._become_candidate()
+                self._log(f"Recording child module: {child}")
+            elif child.state is NodeState.SKIPPED and child.descend:
+                child._open_children()
+
+    def _detach(self) -> None:
+        self._uninstall_forward()
+        self._recorder = None
+        self._proxy = None
+        self._pending = False
+        self.state = NodeState.DETACHED
+        self.fast = True
+
+    def _detach_subtree(self) -> None:
+        for node in list(self.subtree())[1:]:
+            if node.state is not NodeState.DETACHED:
+                node._detach()
+                self._log(f"Unpatching child module: {node}")
+
+    def _release(self) -> None:
+        """Give the module back untouched (hook switched off)."""
+        self._uninstall_forward()
+        self._recorder = None
+        self._proxy = None
+        self._dispatcher = None
+        self._entries = []
+        self.fast = True
+
+    @classmethod
+    def release_all(cls) -> None:
+        """Release every node and forget the hierarchy (the history stays)."""
+        with cls._registry_lock:
+            for node in list(cls.walk()):
+                node._release()
+            cls._roots = []
+
+    @classmethod
+    def clear_history(cls) -> None:
+        with cls._registry_lock:
+            cls.history.clear()
+

@@ -1,0 +1,80 @@
+"""Per-thread state of the hook: the stack of nodes being called and the bypass depth.
+
+While `bypassed()` is active in a thread (tuning, graph-break checks, a tuned backend running), every
+`Module.__call__` in that thread goes straight to the original, so nothing aitune runs is ever recorded,
+adopted into the hierarchy or tuned again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from aitune_jit.patched_module import PatchedModule
+
+#: dynamo constant-folds these calls to True while it traces, so the hook and the forward wrappers send
+#: traced calls straight to the original code. `is_dynamo_compiling` is the cheapest (`return False` in
+#: eager), used on the hot path; `is_compiling` also covers torch.export, used on the slow path.
+is_compiling = torch.compiler.is_compiling
+is_dynamo_compiling = torch.compiler.is_dynamo_compiling
+
+
+class _ThreadState(threading.local):
+    def __init__(self) -> None:
+        self.stack: list[PatchedModule] = []  # nodes whose __call__ is running, innermost last
+        self.bypass: int = 0  # > 0: every module call goes straight to the original __call__
+        self.scope: int = 0  # > 0: modules constructed now are candidates (decorator mode)
+
+
+tls = _ThreadState()
+
+
+@contextmanager
+def bypassed() -> Iterator[None]:
+    """Module calls made by this thread inside the block skip the hook entirely."""
+    state = tls
+    state.bypass += 1
+    try:
+        yield
+    finally:
+        state.bypass -= 1
+
+
+class Marker:
+    """What the hook stores on a module that is not (yet) a node. `fast` markers cost one lookup per call."""
+
+    __slots__ = ("fast", "name")
+
+    def __init__(self, name: str, fast: bool) -> None:
+        self.name = name
+        self.fast = fast
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:  # copies of a module keep the same marker object
+        return (marker, (self.name,))
+
+    def __repr__(self) -> str:
+        return f"<aitune_jit marker {self.name}>"
+
+
+#: never a node: torch internals, containers, modules compiled by the user, aitune's own helper modules
+PASS = Marker("pass", fast=True)
+#: decorator mode: built outside a decorated scope; fast unless import/env-var mode is switched on later
+OUT_OF_SCOPE = Marker("out_of_scope", fast=True)
+#: decorator mode: built inside a decorated scope, not called yet
+CANDIDATE = Marker("candidate", fast=False)
+_MARKERS = {m.name: m for m in (PASS, OUT_OF_SCOPE, CANDIDATE)}
+
+
+def marker(name: str) -> Marker:
+    return _MARKERS[name]
+
+
+def current_node() -> PatchedModule | None:
+    """The node on top of this thread's call stack (the parent of a module first seen now)."""
+    stack = tls.stack
+    return stack[-1] if stack else None

@@ -1,0 +1,120 @@
+"""The one WARNING-level summary logged at normal interpreter exit: what was tuned, with which backend, and
+the speed-up measured at recorded shapes where the strategy measured one.
+
+For unmodified scripts, two environment variables add the debugging views at exit (printed to stderr):
+`AITUNE_JIT_PRINT_HIERARCHY=1` (the hierarchy) and `AITUNE_JIT_PRINT_HISTORY=1` (the history).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+from aitune_jit.state import NodeState
+
+if TYPE_CHECKING:
+    from aitune_jit.patched_module import PatchedModule
+
+_logger = logging.getLogger("aitune.jit")
+
+
+@dataclasses.dataclass
+class TunedRecord:
+    path: str
+    short: str
+    level: int
+    backends: list[str]
+    speedup: float | None
+
+
+_lock = threading.Lock()
+_records: dict[str, TunedRecord] = {}
+_registered = False
+
+
+def record_tuned(node: PatchedModule) -> None:
+    """Remember a tuned node (by value: the summary must not keep the model alive)."""
+    with _lock:
+        _records[node.path] = TunedRecord(
+            node.path, node.short, node.level, [b.describe() for b in node.backends], node.speedup
+        )
+
+
+def summary_lines() -> list[str]:
+    from aitune_jit.patched_module import PatchedModule
+
+    with _lock:
+        records = list(_records.values())
+    nodes = list(PatchedModule.walk())
+    lines = [f"aitune JIT tuning summary: {len(records)} module(s) tuned, {PatchedModule.nodes_seen} module(s) seen"]
+    for record in records:
+        speed = (
+            f", {record.speedup:.2f}x faster than eager at recorded shapes"
+            if record.speedup is not None
+            else " (speed not measured)"
+        )
+        lines.append(f"  🎯 {record.path} ({record.short}, level {record.level}): {', '.join(record.backends)}{speed}")
+    eager = [node for node in nodes if node.state is NodeState.EAGER]
+    for node in eager[:10]:
+        lines.append(f"  ⚠️ {node.path} stayed eager: {node.reason}")
+    if len(eager) > 10:
+        lines.append(f"  ... and {len(eager) - 10} more eager module(s); see PatchedModule.print_history()")
+    return lines
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _has_real_handler(logger: logging.Logger) -> bool:
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(handler, logging.NullHandler) for handler in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
+
+
+def log_summary() -> None:
+    """Log the summary once, at WARNING, if the hook saw any module.
+
+    The `aitune` logger carries a NullHandler (library convention), which would also swallow what Python
+    prints by default for WARNING records when the program configured no logging; in that case the summary
+    goes to stderr the way `logging.lastResort` would print it.
+    """
+    from aitune_jit.patched_module import PatchedModule
+
+    if PatchedModule.nodes_seen == 0 and not _records:
+        return
+    try:
+        if _env_flag("AITUNE_JIT_PRINT_HIERARCHY"):
+            sys.stderr.write("\n".join(PatchedModule.hierarchy_lines()) + "\n")
+        if _env_flag("AITUNE_JIT_PRINT_HISTORY"):
+            sys.stderr.write("\n".join(["JIT Tuning History:", *PatchedModule.history]) + "\n")
+        message = "\n".join(summary_lines())
+        if _logger.isEnabledFor(logging.WARNING) and not _has_real_handler(_logger):
+            sys.stderr.write(message + "\n")
+        else:
+            _logger.warning(message)
+    except Exception:  # never fail at interpreter exit
+        pass
+
+
+def register_atexit() -> None:
+    global _registered
+    with _lock:
+        if not _registered:
+            _registered = True
+            atexit.register(log_summary)
+
+
+def reset() -> None:
+    with _lock:
+        _records.clear()

@@ -1,0 +1,166 @@
+"""Tuning one node: graph-break check, strategy per ready graph, then TUNED / EAGER / dry run.
+
+Runs in the thread whose call made a graph ready, under the root's lock, with the hook bypassed for this
+thread (so nothing the strategy runs is recorded or adopted) and gradients off.
+
+Backends never see the user's module directly but a `ForwardOnly` view of it: its `forward` is the module's
+original forward, without the module's hooks (they keep firing outside, around the tuned forward) and
+without aitune's forward wrapper (so compiled code never depends on it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from aitune_jit.config import jit_config
+from aitune_jit.graph_breaks import find_graph_breaks
+from aitune_jit.runtime import bypassed
+from aitune_jit.state import NodeState
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from aitune_core.backends.backend import Backend
+    from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
+    from aitune_core.strategies.strategy import TuneReport
+    from aitune_jit.patched_module import PatchedModule
+
+_logger = logging.getLogger("aitune.jit")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+class ForwardOnly(torch.nn.Module):
+    """`module`'s forward alone (no hooks, no wrapper); `module` is a submodule, so its weights are visible."""
+
+    def __init__(self, module: torch.nn.Module, forward: Callable[..., Any]) -> None:
+        super().__init__()
+        self.module = module
+        self.forward = forward  # the original (bound) forward: signature and behaviour of the user's module
+
+
+def module_device(module: torch.nn.Module, samples: list[Sample]) -> torch.device:
+    """Where the module lives: its first parameter or buffer, else its inputs, else the CPU."""
+    for tensor in itertools.chain(module.parameters(), module.buffers()):
+        return tensor.device
+    from aitune_core.specs.tree import flatten_values
+
+    for sample in samples:
+        for value in flatten_values((sample.args, sample.kwargs))[0]:
+            if isinstance(value, torch.Tensor):
+                return value.device
+    return torch.device("cpu")
+
+
+def _ready_graphs(node: PatchedModule) -> list[GraphSpec]:
+    recorder = node.recorder
+    if recorder is None:
+        return []
+    cfg = jit_config
+    done = {spec.name for spec, _backend in node._entries} | set(node._failed)
+    ready = []
+    for spec in recorder.graph_specs:
+        if spec.name in done or recorder.num_samples(spec) < cfg.min_samples:
+            continue
+        if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
+            continue
+        ready.append(spec)
+    return ready
+
+
+def tune_node(node: PatchedModule) -> None:
+    """Tune every graph of `node` that has enough recordings (see the module docstring)."""
+    cfg = jit_config
+    cfg.validate()  # invalid options fail here at the latest, with the option's name
+    module = node.module
+    recorder = node.recorder
+    graphs = _ready_graphs(node)
+    if module is None or recorder is None or not graphs:
+        return
+    first = node.state is NodeState.RECORDING
+    samples = {spec.name: recorder.samples(spec) for spec in graphs}
+    device = cfg.device or module_device(module, samples[graphs[0].name])
+    if node._proxy is None:
+        node._proxy = ForwardOnly(module, node._forward_fn)  # type: ignore[arg-type]
+    proxy = node._proxy
+    cache_dir = cfg.cache_dir / _UNSAFE.sub("_", node.path)
+
+    with bypassed(), torch.no_grad():
+        if cfg.detect_graph_breaks:
+            for spec in list(graphs):
+                if spec.name in node._checked_graphs:
+                    continue
+                node._checked_graphs.add(spec.name)
+                sample = samples[spec.name][0]
+                report = find_graph_breaks(proxy, sample.args, sample.kwargs)
+                if not report.has_breaks:
+                    node._log(f"No graph breaks in {node.short}. Checking took {report.duration_s:.2f}s")
+                    continue
+                node._log(
+                    f"Graph breaks in {node.short} (graph {spec.name}): {report.summary()}. "
+                    f"Checking took {report.duration_s:.2f}s"
+                )
+                if first:
+                    node.go_eager(f"graph break: {report.summary()}")
+                    return
+                node._failed[spec.name] = f"graph break: {report.summary()}"
+                graphs.remove(spec)
+            if not graphs:
+                return
+
+        strategy = cfg.resolve_strategy(device)
+        if cfg.dry_run:
+            for spec in graphs:
+                strategy.tune_dry_run(proxy, node.path, spec, samples[spec.name], device, cache_dir)
+            names = ", ".join(spec.name for spec in graphs)
+            node.go_dry_run(f"would tune {node.short} (graphs {names}) on {device} with {strategy!r}")
+            return
+
+        entries: list[tuple[GraphSpec, Backend]] = []
+        reports: list[TuneReport] = []
+        failures: list[str] = []
+        for spec in graphs:
+            start = time.perf_counter()
+            try:
+                report = strategy.tune_with_report(proxy, node.path, spec, samples[spec.name], device, cache_dir)
+            except Exception as exc:
+                cause = f"{type(exc).__name__}: {exc}"
+                node._failed[spec.name] = cause
+                failures.append(cause if len(graphs) == 1 else f"graph {spec.name}: {cause}")
+                node._log(f"Tuning {node.short} failed after {time.perf_counter() - start:.2f}s: {cause}")
+                _logger.debug("Tuning %s failed", node.path, exc_info=True)
+                continue
+            elapsed = time.perf_counter() - start
+            speedup = report.speedup
+            if strategy.measures_speed and speedup is not None and speedup < 1.0:
+                _discard(report.backend)
+                cause = f"no backend is faster than eager (best {report.backend.describe()}: {speedup:.2f}x)"
+                node._failed[spec.name] = cause
+                failures.append(cause if len(graphs) == 1 else f"graph {spec.name}: {cause}")
+                node._log(f"Tuning {node.short} took {elapsed:.2f}s: {cause}")
+                continue
+            entries.append((spec, report.backend))
+            reports.append(report)
+            measured = f", {speedup:.2f}x faster than eager at recorded shapes" if speedup is not None else ""
+            node._log(
+                f"Tuning {node.short} took {elapsed:.2f}s: {report.backend.describe()} for graph {spec.name}{measured}"
+            )
+
+    if entries:
+        node.go_tuned(entries, reports)
+    elif first:
+        node.go_eager("; ".join(failures) or "nothing could be tuned")
+
+
+def _discard(backend: Backend) -> None:
+    try:
+        if backend.is_active:
+            backend.deactivate()
+    except Exception:  # releasing must never hide the outcome
+        _logger.debug("Could not deactivate %s", backend.describe(), exc_info=True)
