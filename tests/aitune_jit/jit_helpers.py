@@ -1,0 +1,131 @@
+"""Models and fake backends shared by the JIT tests (small, CPU, no Inductor unless a test is about it)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aitune_core.backends.backend import Backend
+
+
+class CountingBackend(Backend):
+    """Runs the module it was built for; counts builds and inferences (class-wide, shared by copies)."""
+
+    builds = 0
+    infers = 0
+    build_delay_s = 0.0
+    _lock = threading.Lock()
+
+    @classmethod
+    def reset_counts(cls) -> None:
+        cls.builds = 0
+        cls.infers = 0
+        cls.build_delay_s = 0.0
+
+    def _build(self, module: torch.nn.Module, graph_spec: Any, data: list, cache_dir: Path) -> None:
+        with CountingBackend._lock:
+            CountingBackend.builds += 1
+        if CountingBackend.build_delay_s:
+            time.sleep(CountingBackend.build_delay_s)
+        self._module = module
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        with CountingBackend._lock:
+            CountingBackend.infers += 1
+        return self._module(*args, **kwargs)
+
+
+class RaisingBackend(Backend):
+    """Fails every build."""
+
+    def _build(self, module: torch.nn.Module, graph_spec: Any, data: list, cache_dir: Path) -> None:
+        raise RuntimeError("RaisingBackend refuses to build")
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never built
+        raise AssertionError("never built")
+
+
+class WrongValuesBackend(Backend):
+    """Builds fine but returns wrong values (output + 1): validation must reject it."""
+
+    def _build(self, module: torch.nn.Module, graph_spec: Any, data: list, cache_dir: Path) -> None:
+        self._module = module
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        return self._module(*args, **kwargs) + 1.0
+
+
+class FailsAtRunTimeBackend(CountingBackend):
+    """Builds and validates, then raises on every later call (after `fail_after` inferences)."""
+
+    fail_after = 10**9
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        if CountingBackend.infers >= FailsAtRunTimeBackend.fail_after:
+            raise RuntimeError("backend broke at run time")
+        return super()._infer(*args, **kwargs)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int = 32) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+        self.norm = torch.nn.LayerNorm(width)
+        self.act = torch.nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.norm(self.fc(x)))
+
+
+class MLP(torch.nn.Module):
+    """root -> Sequential(Block, Block) -> (Linear, LayerNorm, ReLU); head Linear."""
+
+    def __init__(self, width: int = 32, blocks: int = 2) -> None:
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[Block(width) for _ in range(blocks)])
+        self.head = torch.nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(x))
+
+
+class DynamicModule(torch.nn.Module):
+    """The seed's example of a graph break: control flow on the input's values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.child_a = torch.nn.Linear(10, 20)
+        self.child_b = torch.nn.Linear(10, 20)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:  # graph break: conditional on input
+            return self.child_a(x)
+        else:
+            return self.child_b(x)
+
+
+def make_mlp(seed: int = 0, **kwargs: Any) -> MLP:
+    torch.manual_seed(seed)
+    return MLP(**kwargs).eval()
+
+
+def run(model: torch.nn.Module, batch_sizes: list[int], width: int = 32, seed: int = 1) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    outputs = []
+    with torch.no_grad():
+        for batch in batch_sizes:
+            outputs.append(model(torch.randn(batch, width, generator=generator)))
+    return outputs
+
+
+def states(model: torch.nn.Module) -> dict[str, str]:
+    """path -> state value of every node under (and including) `model`'s node."""
+    from aitune_jit.patched_module import PatchedModule
+
+    node = PatchedModule.of(model)
+    assert node is not None, "the model is not a node"
+    return {n.path: n.state.value for n in node.subtree()}

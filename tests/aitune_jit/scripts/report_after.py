@@ -1,0 +1,19 @@
+"""Runs a script as __main__, then prints the JIT hierarchy and history as one JSON line (test harness).
+
+    python report_after.py SCRIPT [ARGS...]
+
+The harness itself switches nothing on: whatever enabled JIT tuning (the env var, an import line in the
+script) happened inside the script's run.
+"""
+
+import json
+import runpy
+import sys
+
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+
+from aitune_jit.patched_module import PatchedModule  # noqa: E402
+
+print("JIT-REPORT " + json.dumps({"hierarchy": PatchedModule.hierarchy_lines(), "history": PatchedModule.history}))

@@ -1,0 +1,194 @@
+"""jit_config: validation on assignment, environment variables, default backends and strategy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aitune_core.backends.tensorrt import TensorRTBackend
+from aitune_core.backends.torch_eager import TorchEagerBackend
+from aitune_core.backends.torch_inductor import TorchInductorBackend
+from aitune_core.errors import ConfigError
+from aitune_core.strategies.first_wins import FirstWinsStrategy
+from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
+from aitune_jit import config as config_module
+from aitune_jit.config import JitConfig, default_backends, default_strategy, jit_config
+
+
+def test_defaults():
+    cfg = JitConfig(read_env=False)
+    assert cfg.min_samples == 2
+    assert cfg.batch_axis_required is False
+    assert cfg.max_depth_level == 2
+    assert cfg.min_parameters == 1000
+    assert cfg.detect_graph_breaks is True
+    assert cfg.skip_modules == []
+    assert cfg.device is None
+    assert cfg.dry_run is False
+    assert cfg.backends is None
+    assert cfg.strategy is None
+    assert cfg.precision is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("min_samples", 0, ">= 1"),
+        ("min_samples", -3, ">= 1"),
+        ("min_samples", 2.5, "must be an int"),
+        ("max_depth_level", -1, ">= 0"),
+        ("min_parameters", -10, ">= 0"),
+        ("detect_graph_breaks", "yes", "True or False"),
+        ("dry_run", 1, "True or False"),
+        ("skip_modules", "LayerNorm", "list of class names"),
+        ("skip_modules", [3], "class names"),
+        ("backends", ["TorchInductorBackend"], "Backend instances"),
+        ("backends", [TorchEagerBackend], "instance"),
+        ("backends", [], "empty"),
+        ("strategy", "first_wins", "TuneStrategy"),
+        ("precision", "int8", "'bf16' or 'fp16'"),
+        ("device", "gpu", "not a device"),
+        ("cache_dir", "", "non-empty"),
+    ],
+)
+def test_invalid_values_raise_clear_errors(name, value, message):
+    before = getattr(jit_config, name)
+    with pytest.raises(ConfigError, match=message) as info:
+        setattr(jit_config, name, value)
+    assert f"jit_config.{name}" in str(info.value)
+    assert getattr(jit_config, name) == before  # unchanged
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_cuda_device_without_gpu_is_rejected():
+    with pytest.raises(ConfigError, match="no cuda device is available"):
+        jit_config.device = "cuda"
+
+
+def test_nonexistent_device_index_is_rejected(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"has 1 cuda device\(s\)"):
+        jit_config.device = "cuda:7"
+    jit_config.device = "cuda:0"  # exists (as far as the patched torch.cuda says)
+    assert jit_config.device == torch.device("cuda:0")
+
+
+def test_unknown_option_and_delete():
+    with pytest.raises(ConfigError, match="unknown jit_config option 'min_sample'"):
+        jit_config.min_sample = 3
+    with pytest.raises(ConfigError, match="cannot be deleted"):
+        del jit_config.min_samples
+
+
+def test_validate_catches_values_put_in_place_behind_the_setter():
+    object.__setattr__(jit_config, "min_samples", -1)
+    with pytest.raises(ConfigError, match="min_samples"):
+        jit_config.validate()
+
+
+def test_normalisation():
+    jit_config.skip_modules = [torch.nn.LayerNorm, "BatchNorm2d"]
+    assert jit_config.skip_modules == ["LayerNorm", "BatchNorm2d"]
+    jit_config.precision = torch.bfloat16
+    assert jit_config.precision == "bf16"
+    jit_config.precision = "FP16"
+    assert jit_config.precision == "fp16"
+    jit_config.device = "cpu"
+    assert jit_config.device == torch.device("cpu")
+    jit_config.backends = TorchEagerBackend()
+    assert [type(b) for b in jit_config.backends] == [TorchEagerBackend]
+
+
+def test_override_restores():
+    with jit_config.override(min_samples=5, dry_run=True):
+        assert jit_config.min_samples == 5 and jit_config.dry_run
+    assert jit_config.min_samples == 2 and not jit_config.dry_run
+    with pytest.raises(ConfigError), jit_config.override(min_samples=0):
+        pass
+    assert jit_config.min_samples == 2
+
+
+def test_environment_variables(monkeypatch, tmp_path):
+    monkeypatch.setenv("AITUNE_JIT_MIN_SAMPLES", "4")
+    monkeypatch.setenv("AITUNE_JIT_DRY_RUN", "true")
+    monkeypatch.setenv("AITUNE_JIT_SKIP_MODULES", "LayerNorm, BatchNorm2d")
+    monkeypatch.setenv("AITUNE_JIT_BACKENDS", "TorchEagerBackend")
+    monkeypatch.setenv("AITUNE_JIT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("AITUNE_JIT_PRECISION", "bf16")
+    cfg = JitConfig()
+    assert cfg.min_samples == 4
+    assert cfg.dry_run is True
+    assert cfg.skip_modules == ["LayerNorm", "BatchNorm2d"]
+    assert [type(b) for b in cfg.backends] == [TorchEagerBackend]
+    assert cfg.cache_dir == tmp_path
+    assert cfg.precision == "bf16"
+
+
+def test_invalid_environment_variable_names_the_variable(monkeypatch):
+    monkeypatch.setenv("AITUNE_JIT_MIN_SAMPLES", "-2")
+    with pytest.raises(ConfigError, match="AITUNE_JIT_MIN_SAMPLES='-2'"):
+        JitConfig()
+    monkeypatch.setenv("AITUNE_JIT_MIN_SAMPLES", "2")
+    monkeypatch.setenv("AITUNE_JIT_BACKENDS", "NoSuchBackend")
+    with pytest.raises(ConfigError, match="NoSuchBackend"):
+        JitConfig()
+
+
+def test_default_backends_cpu_without_tensorrt(monkeypatch):
+    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+    backends = default_backends("cpu")
+    assert [b.describe() for b in backends] == ["TorchInductorBackend()"]
+
+
+def test_default_backends_put_tensorrt_first_when_importable(monkeypatch):
+    monkeypatch.setattr(config_module, "tensorrt_available", lambda: True)
+    backends = default_backends("cpu")
+    assert [type(b) for b in backends] == [TensorRTBackend, TorchInductorBackend]
+
+
+def test_default_strategy_cpu_is_first_wins_over_inductor(monkeypatch):
+    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+    strategy = default_strategy("cpu")
+    assert type(strategy) is FirstWinsStrategy
+    assert [b.describe() for b in strategy.backends] == ["TorchInductorBackend()"]
+
+
+def test_default_strategy_cuda_measures_speed_over_inductor_and_cuda_graphs(monkeypatch):
+    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+    strategy = default_strategy("cuda")
+    assert type(strategy) is HighestThroughputStrategy
+    assert strategy.measures_speed
+    assert strategy.profile_at_recorded_shapes is True
+    assert [b.describe() for b in strategy.backends] == [
+        "TorchInductorBackend()",
+        "TorchInductorBackend(mode='reduce-overhead')",
+    ]
+
+
+def test_precision_adds_autocast_candidates(monkeypatch):
+    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+    cpu = default_backends("cpu", precision="bf16")
+    assert [b.config.autocast_enabled for b in cpu] == [False, True]
+    assert cpu[1].config.autocast_dtype == torch.bfloat16
+    cuda = default_backends("cuda", precision="fp16")
+    assert [(b.config.mode, b.config.autocast_dtype) for b in cuda] == [
+        (None, None),
+        ("reduce-overhead", None),
+        (None, torch.float16),
+        ("reduce-overhead", torch.float16),
+    ]
+    # the autocast candidate validates with the tolerance of its dtype, wider than fp32's
+    assert cpu[1].tolerance(torch.float32).rtol > cpu[0].tolerance(torch.float32).rtol
+
+
+def test_resolve_strategy(monkeypatch):
+    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+    assert type(jit_config.resolve_strategy(torch.device("cpu"))) is FirstWinsStrategy
+    jit_config.backends = [TorchEagerBackend()]
+    strategy = jit_config.resolve_strategy(torch.device("cpu"))
+    assert type(strategy) is FirstWinsStrategy
+    assert [type(b) for b in strategy.backends] == [TorchEagerBackend]
+    chosen = HighestThroughputStrategy([TorchEagerBackend()])
+    jit_config.strategy = chosen
+    assert jit_config.resolve_strategy(torch.device("cpu")) is chosen

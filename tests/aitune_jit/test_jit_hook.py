@@ -1,0 +1,259 @@
+"""The patch itself: identity on/off, what becomes a node, decorator scopes, copies, dynamo, the fast path."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import io
+import pickle
+import threading
+
+import torch
+from jit_helpers import MLP, Block, CountingBackend, make_mlp, run, states
+from torch._dynamo.backends.debugging import ExplainWithBackend
+
+from aitune.torch.jit import disable, enable, is_enabled
+from aitune_jit import hook
+from aitune_jit.config import jit_config
+from aitune_jit.decorator import patch_for_jit_tuning, prepare_for_jit_tuning
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.runtime import OUT_OF_SCOPE, PASS
+from aitune_jit.state import NodeState
+
+
+def test_enable_disable_restores_call_identity():
+    original = torch.nn.Module.__call__
+    assert not is_enabled()
+    enable()
+    enable()  # idempotent
+    assert is_enabled()
+    assert torch.nn.Module.__call__ is not original
+    disable()
+    assert torch.nn.Module.__call__ is original
+    assert not is_enabled()
+    disable()  # idempotent
+    assert torch.nn.Module.__call__ is original
+
+
+def test_import_enable_and_disable_modules():
+    import importlib
+    import sys
+
+    original = torch.nn.Module.__call__
+    sys.modules.pop("aitune.torch.jit.enable", None)
+    importlib.import_module("aitune.torch.jit.enable")
+    assert is_enabled() and hook.is_global_mode()
+    sys.modules.pop("aitune.torch.jit.disable", None)
+    importlib.import_module("aitune.torch.jit.disable")
+    assert torch.nn.Module.__call__ is original
+
+
+def test_disable_gives_every_module_back_untouched():
+    jit_config.backends = [CountingBackend()]
+    jit_config.min_parameters = 0
+    jit_config.detect_graph_breaks = False
+    model = make_mlp()
+    reference = run(model, [2, 3, 4])
+    enable()
+    tuned = run(model, [2, 3, 4])
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    assert "forward" in model.__dict__
+    disable()
+    for module in model.modules():
+        assert "forward" not in module.__dict__
+        assert hook.NODE_ATTR not in module.__dict__
+    after = run(model, [2, 3, 4])
+    for a, b, c in zip(reference, tuned, after):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, c)
+
+
+def test_modules_built_before_enable_are_seen_and_containers_are_never_nodes():
+    model = make_mlp()  # built before the hook
+    jit_config.min_samples = 100  # stay in recording: only the hierarchy matters here
+    jit_config.min_parameters = 0
+    enable()
+    run(model, [2])
+    root = PatchedModule.of(model)
+    assert root is not None and root.parent is None and root.level == 0
+    assert PatchedModule.of(model.blocks) is None  # Sequential: a container
+    assert model.blocks.__dict__[hook.NODE_ATTR] is PASS
+    # the blocks attach to the nearest node above the container: the root
+    assert [child.path for child in root.children] == ["MLP.blocks.0", "MLP.blocks.1", "MLP.head"]
+    block = PatchedModule.of(model.blocks[0])
+    assert block.parent is root and block.level == 1
+    assert [c.name for c in block.children] == ["Linear", "LayerNorm", "ReLU"]
+    assert all(c.level == 2 for c in block.children)
+
+
+def test_torch_internals_and_aitune_modules_are_never_nodes():
+    enable()
+    traced = torch.fx.symbolic_trace(make_mlp())
+    enable()  # symbolic_trace patches Module.__call__ temporarily and puts ours back
+    with torch.no_grad():
+        traced(torch.randn(2, 32))
+    assert traced.__dict__[hook.NODE_ATTR] is PASS
+    assert hook.is_excluded(type(traced))
+    from aitune_jit.tuner import ForwardOnly
+
+    assert hook.is_excluded(ForwardOnly)
+    assert hook.is_excluded(torch.nn.ModuleList) and hook.is_excluded(torch.nn.Sequential)
+
+    class MySequential(torch.nn.Sequential):  # a user's subclass is a module of its own
+        pass
+
+    assert not hook.is_excluded(MySequential)
+
+
+def test_decorator_mode_tunes_only_modules_built_inside():
+    jit_config.backends = [CountingBackend()]
+    jit_config.min_parameters = 0
+    jit_config.detect_graph_breaks = False
+    outside = make_mlp(seed=3)
+
+    @patch_for_jit_tuning
+    def create():
+        return make_mlp(seed=4)
+
+    inside = create()
+    assert torch.nn.Module.__init__ is not None and hook.is_installed() and not hook.is_global_mode()
+    run(outside, [2, 3, 4])
+    run(inside, [2, 3, 4])
+    assert PatchedModule.of(outside) is None
+    assert outside.__dict__[hook.NODE_ATTR] is OUT_OF_SCOPE
+    assert PatchedModule.of(inside).state is NodeState.TUNED
+    assert set(states(inside).values()) == {"tuned", "detached"}
+    assert [r.path for r in PatchedModule.roots()] == ["MLP"]
+    original = hook.original_call()
+    disable()
+    assert torch.nn.Module.__call__ is original
+
+
+def test_prepare_for_jit_tuning_context_manager_and_threads():
+    jit_config.min_samples = 100
+    built_elsewhere: list[torch.nn.Module] = []
+    with prepare_for_jit_tuning():
+        inside = Block()
+        thread = threading.Thread(target=lambda: built_elsewhere.append(Block()))
+        thread.start()
+        thread.join()
+    after = Block()
+    for module in (inside, built_elsewhere[0], after):
+        with torch.no_grad():
+            module(torch.randn(2, 32))
+    assert PatchedModule.of(inside) is not None
+    assert PatchedModule.of(built_elsewhere[0]) is None  # another thread's construction is not in scope
+    assert PatchedModule.of(after) is None
+
+
+def test_global_mode_after_decorator_mode_adopts_out_of_scope_modules():
+    jit_config.min_samples = 100
+    outside = Block()
+    with prepare_for_jit_tuning():
+        pass
+    with torch.no_grad():
+        outside(torch.randn(2, 32))
+    assert PatchedModule.of(outside) is None
+    enable()
+    with torch.no_grad():
+        outside(torch.randn(2, 32))
+    assert PatchedModule.of(outside) is not None
+
+
+def test_forward_signature_and_copies_of_wrapped_modules():
+    jit_config.min_samples = 100
+    jit_config.min_parameters = 0
+    model = make_mlp()
+    enable()
+    run(model, [2])
+    assert PatchedModule.of(model).state is NodeState.RECORDING
+    assert isinstance(model.__dict__["forward"], object) and "forward" in model.__dict__
+    assert list(inspect.signature(model.forward).parameters) == ["x"]
+
+    clone = copy.deepcopy(model)
+    assert clone.__dict__["forward"].__self__ is clone  # the copy's own forward, not aitune's wrapper
+    with torch.no_grad():
+        clone.head.weight.add_(1.0)
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        assert not torch.allclose(clone(x), model(x))  # computes with its own weights
+    assert PatchedModule.of(clone) is not None and PatchedModule.of(clone) is not PatchedModule.of(model)
+
+    buffer = io.BytesIO()
+    torch.save(model, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x))
+    assert pickle.loads(pickle.dumps(PASS)) is PASS
+
+
+def test_dynamo_never_traces_into_the_hook():
+    jit_config.backends = [CountingBackend()]
+    jit_config.min_parameters = 0
+    jit_config.detect_graph_breaks = False
+    enable()
+    recording = make_mlp(seed=5)
+    jit_config.min_samples = 100
+    run(recording, [2])
+    tuned = make_mlp(seed=6)
+    jit_config.min_samples = 2
+    run(tuned, [2, 3])
+    assert PatchedModule.of(recording).state is NodeState.RECORDING
+    assert PatchedModule.of(tuned).state is NodeState.TUNED
+    for model in (recording, tuned):
+        explainer = ExplainWithBackend("eager")
+        compiled = torch.compile(model, backend=explainer)
+        x = torch.randn(3, 32)
+        with torch.no_grad():
+            result = compiled(x)
+            expected = type(model).forward(model, x)  # the class's forward: no aitune code involved
+        torch.testing.assert_close(result, expected)
+        output = explainer.output()
+        assert output.graph_count == 1, str(output)  # one graph: dynamo went through the hook without a break
+        assert output.graph_break_count == 0
+
+
+def test_settled_nodes_take_the_fast_path():
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.skip_modules = ["MLP"]  # the root is skipped: its children are tuned
+    jit_config.min_parameters = 0
+    model = make_mlp()
+    enable()
+    run(model, [2, 3, 4, 5, 6, 7, 8, 9])
+    nodes = {n.path: n for n in PatchedModule.of(model).subtree()}
+    assert nodes["MLP"].state is NodeState.SKIPPED
+    assert nodes["MLP.blocks.0"].state is NodeState.TUNED
+    assert all(node.fast for node in nodes.values()), {p: n.fast for p, n in nodes.items()}
+    counts = {path: node.call_count for path, node in nodes.items()}
+    run(model, [2, 3])
+    assert {path: node.call_count for path, node in nodes.items()} == counts  # no bookkeeping any more
+
+
+def test_call_stack_is_per_thread():
+    jit_config.min_samples = 1000
+    jit_config.min_parameters = 0
+    models = [MLP().eval() for _ in range(4)]
+    enable()
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def serve(model: torch.nn.Module) -> None:
+        try:
+            barrier.wait()
+            run(model, [2] * 20)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve, args=(m,)) for m in models]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for model in models:
+        root = PatchedModule.of(model)
+        assert root.parent is None
+        assert [c.path for c in root.children] == ["MLP.blocks.0", "MLP.blocks.1", "MLP.head"]
+        assert all(len(c.children) == 3 for c in root.children[:2])

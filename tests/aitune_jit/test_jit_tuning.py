@@ -1,0 +1,237 @@
+"""Tuned behaviour: user hooks, failing backends, threads, shapes outside the tuned range, new graphs, summary."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+from jit_helpers import (
+    CountingBackend,
+    FailsAtRunTimeBackend,
+    RaisingBackend,
+    WrongValuesBackend,
+    make_mlp,
+    run,
+    states,
+)
+
+from aitune_core.backends.torch_eager import TorchEagerBackend
+from aitune_jit import summary
+from aitune_jit.config import jit_config
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.state import NodeState
+from aitune_jit.switch import enable
+
+
+def _fake_backends(*backends):
+    jit_config.backends = list(backends)
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+
+
+def test_user_hooks_still_act_after_tuning():
+    """Acceptance 4: a pre-hook that supplies the input and a post-hook that takes argmax."""
+    _fake_backends(CountingBackend())
+    model = make_mlp()
+    supplied: list[torch.Tensor] = []
+
+    def supply_input(module, args):
+        if args[0] is None:
+            return (supplied[-1],)
+        return None
+
+    def take_argmax(module, args, output):
+        return output.argmax(dim=-1)
+
+    model.register_forward_pre_hook(supply_input)
+    model.register_forward_hook(take_argmax)
+    generator = torch.Generator().manual_seed(0)
+    enable()
+    with torch.no_grad():
+        for batch in (2, 6, 3, 5, 4):
+            x = torch.randn(batch, 32, generator=generator)
+            supplied.append(x)
+            result = model(None)
+            expected = type(model).forward(model, x).argmax(dim=-1)  # the class's forward, no hooks
+            assert result.dtype == torch.int64
+            torch.testing.assert_close(result, expected)
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    assert CountingBackend.builds == 1
+    assert CountingBackend.infers >= 3  # the tuned calls (batch 3, 5, 4) went through the backend
+
+
+def test_backend_failing_to_build_leaves_the_module_eager_and_outputs_unchanged():
+    """Acceptance 6 (build failure)."""
+    _fake_backends(RaisingBackend())
+    model = make_mlp()
+    reference = run(make_mlp(), [2, 3, 4, 5, 2, 3])
+    enable()
+    outputs = run(model, [2, 3, 4, 5, 2, 3])
+    for out, ref in zip(outputs, reference):
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert PatchedModule.of(model).state is NodeState.EAGER
+    assert "RaisingBackend refuses to build" in PatchedModule.of(model).reason
+    assert set(states(model).values()) <= {"eager", "skipped"}
+    assert any("Tuning MLP" in h and "failed" in h and "RaisingBackend refuses to build" in h
+               for h in PatchedModule.history)
+
+
+def test_backend_returning_wrong_values_is_rejected_and_outputs_unchanged():
+    """Acceptance 6 (wrong values)."""
+    _fake_backends(WrongValuesBackend())
+    model = make_mlp()
+    reference = run(make_mlp(), [2, 3, 4, 5, 6, 7])
+    enable()
+    outputs = run(model, [2, 3, 4, 5, 6, 7])
+    for out, ref in zip(outputs, reference):
+        torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    root = PatchedModule.of(model)
+    assert root.state is NodeState.EAGER and "WrongValuesBackend" in root.reason
+    assert "Tuned" not in root.reason and states(model)["MLP.head"] in ("eager", "skipped", "recording")
+
+
+def test_first_working_backend_wins_after_failures():
+    _fake_backends(RaisingBackend(), WrongValuesBackend(), CountingBackend())
+    model = make_mlp()
+    reference = run(make_mlp(), [2, 3, 4])
+    enable()
+    outputs = run(model, [2, 3, 4])
+    for out, ref in zip(outputs, reference):
+        torch.testing.assert_close(out, ref)
+    assert PatchedModule.of(model).backend_names == ["CountingBackend"]
+
+
+def test_two_threads_during_recording_and_tuning():
+    """Acceptance 7: no crash, each module tuned once, correct outputs, nobody blocked by tuning."""
+    _fake_backends(CountingBackend())
+    CountingBackend.build_delay_s = 0.3  # a slow build: the other thread keeps calling meanwhile
+    jit_config.min_samples = 3
+    model = make_mlp()
+    reference_model = make_mlp()
+    inputs = [torch.randn(b, 32, generator=torch.Generator().manual_seed(b)) for b in range(2, 9)]
+    with torch.no_grad():
+        expected = [reference_model(x) for x in inputs]
+    enable()
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+    calls_during_build: list[int] = []
+
+    def serve() -> None:
+        try:
+            barrier.wait()
+            with torch.no_grad():
+                for _ in range(15):
+                    for x, ref in zip(inputs, expected):
+                        torch.testing.assert_close(model(x), ref)
+                        if CountingBackend.builds and PatchedModule.of(model).state is NodeState.RECORDING:
+                            calls_during_build.append(1)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    assert CountingBackend.builds == 1  # tuned once, not once per thread
+    assert calls_during_build  # the other thread ran (eagerly) while the first one was tuning
+    assert sum(h.startswith("Tuning MLP") for h in PatchedModule.history) == 1
+
+
+def test_shapes_outside_the_tuned_range_run_eagerly_and_warn_once(caplog):
+    _fake_backends(CountingBackend())
+    model = make_mlp()
+    x = torch.randn(16, 32)
+    with torch.no_grad():
+        expected = model(x)  # before the hook is on
+    enable()
+    run(model, [2, 4])
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    infers = CountingBackend.infers
+    with caplog.at_level(logging.WARNING, logger="aitune"), torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(model(x), expected)
+    assert CountingBackend.infers == infers  # the backend was not used for batch 16
+    warnings = [r for r in caplog.records if "outside the tuned range" in r.getMessage()]
+    assert len(warnings) == 1
+    with torch.no_grad():
+        model(torch.randn(3, 32))
+    assert CountingBackend.infers == infers + 1  # batch 3 is inside [2, 4]
+
+
+def test_a_new_graph_after_tuning_is_tuned_when_it_has_enough_samples():
+    _fake_backends(CountingBackend())
+    model = make_mlp()
+    first, second, third = torch.randn(2, 5, 32), torch.randn(3, 5, 32), torch.randn(3, 5, 32)  # rank 3: new graph
+    with torch.no_grad():
+        expected = [model(first), model(second), model(third)]  # before the hook is on
+    enable()
+    run(model, [2, 3])
+    assert CountingBackend.builds == 1
+    with torch.no_grad():
+        torch.testing.assert_close(model(first), expected[0])
+        assert CountingBackend.builds == 1
+        torch.testing.assert_close(model(second), expected[1])  # the second sample: tuned now
+        assert CountingBackend.builds == 2
+        infers = CountingBackend.infers
+        torch.testing.assert_close(model(third), expected[2])
+        assert CountingBackend.infers == infers + 1  # served by the new graph's backend
+    node = PatchedModule.of(model)
+    assert [spec.name for spec, _backend in node._entries] == ["0", "1"]
+
+
+def test_backend_failing_at_run_time_falls_back_to_eager():
+    _fake_backends(FailsAtRunTimeBackend())
+    FailsAtRunTimeBackend.fail_after = 10**9
+    model = make_mlp()
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        expected = model(x)  # before the hook is on
+    enable()
+    run(model, [2, 3])
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    FailsAtRunTimeBackend.fail_after = 0  # from now on every inference raises
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected)
+        torch.testing.assert_close(model(x), expected)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.EAGER and "failed at run time" in node.reason
+    assert set(states(model).values()) == {"eager", "detached"}  # the subtree stays detached
+
+
+def test_errors_of_the_users_forward_propagate_unchanged():
+    _fake_backends(CountingBackend())
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    try:
+        with torch.no_grad():
+            model(torch.randn(2, 31))  # wrong width: the user's own error
+    except RuntimeError as exc:
+        assert "31" in str(exc) or "shape" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("expected the forward's error")
+    assert PatchedModule.of(model).state is NodeState.TUNED
+
+
+def test_summary_lines_name_tuned_modules_and_backends():
+    _fake_backends(TorchEagerBackend())
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    lines = summary.summary_lines()
+    assert lines[0].startswith("aitune JIT tuning summary: 1 module(s) tuned")
+    assert lines[1] == "  🎯 MLP (MLP 📊2.4K, level 0): TorchEagerBackend() (speed not measured)"
+
+
+def test_summary_is_logged_once_at_warning(caplog):
+    _fake_backends(TorchEagerBackend())
+    enable()
+    run(make_mlp(), [2, 3])
+    with caplog.at_level(logging.WARNING, logger="aitune.jit"):
+        summary.log_summary()
+    records = [r for r in caplog.records if "JIT tuning summary" in r.getMessage()]
+    assert len(records) == 1 and records[0].levelno == logging.WARNING
