@@ -191,3 +191,19 @@ def test_save_and_load_in_a_fresh_process(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO / "src")])}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert "LOADED-OK" in result.stdout, result.stdout + result.stderr
+
+
+def test_an_input_the_graph_does_not_use_is_fine(tmp_path):
+    class IgnoresMask(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(6, 2)
+
+        def forward(self, x, mask):
+            return self.fc(x)
+
+    module = IgnoresMask().eval()
+    backend, _ = _tune(module, lambda b: ((torch.randn(b, 6), torch.ones(b, 6)), {}), tmp_path)
+    x = torch.randn(5, 6)
+    with torch.no_grad():
+        _assert_same(backend.infer(x, torch.zeros(5, 6)), module(x, None))

@@ -1,5 +1,5 @@
-"""GraphSpec-driven ONNX export, shared by `ONNXRuntimeBackend` and `TensorRTBackend` (and the flat-tensor wrapper
-that `TorchTensorRTBackend` compiles).
+"""GraphSpec-driven ONNX export, shared by `ONNXRuntimeBackend` and `TensorRTBackend`, and the `torch.export` of the
+same flat-tensor graph that `TorchTensorRTBackend` compiles (`export_program`).
 
 Flat graphs
     ONNX graphs (and TensorRT engines) take and return flat lists of tensors. `FlatModule` adapts a module to that

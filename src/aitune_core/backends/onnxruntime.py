@@ -182,8 +182,8 @@ class ONNXRuntimeBackend(Backend):
         session = ort.InferenceSession(str(self._model_dir / ONNX_FILE_NAME), sess_options=options,
                                        providers=providers)
         names = [i.name for i in session.get_inputs()]
-        missing = [n for n in input_names(self._graph_spec) if n not in names]
-        if missing or [o.name for o in session.get_outputs()] != output_names(self._graph_spec):
+        unknown = [n for n in names if n not in input_names(self._graph_spec)]
+        if unknown or [o.name for o in session.get_outputs()] != output_names(self._graph_spec):
             raise BackendBuildError(
                 f"{self.describe()}: the ONNX model's inputs {names} / outputs "
                 f"{[o.name for o in session.get_outputs()]} do not match graph {self._graph_spec.name}"

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
-from aitune_core.backends.onnx_export import export_onnx, output_names
+from aitune_core.backends.onnx_export import export_onnx, input_names, output_names
 from aitune_core.backends.trt_profiles import ShapeRange, profiles_from_dict, profiles_from_graph_spec, profiles_to_dict
 from aitune_core.errors import BackendBuildError, BackendNotAvailableError, CheckpointError
 from aitune_core.log import get_logger
@@ -282,8 +282,8 @@ class TensorRTBackend(Backend):
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         graph_spec, runner, device = self._graph_spec, self._runner, self._device
         assert graph_spec is not None and runner is not None and device is not None
-        names = [t.name for t in graph_spec.input_spec.tensors]
-        inputs = {name: t.to(device) for name, t in zip(names, graph_spec.input_tensors(args, kwargs))}
+        tensors = graph_spec.input_tensors(args, kwargs)
+        inputs = {name: t.to(device) for name, t in zip(input_names(graph_spec), tensors)}
         outputs = runner.run(inputs, torch.cuda.current_stream(device).cuda_stream, device)
         ordered = [outputs[name] for name in output_names(graph_spec)]
         ordered = [t if t.dtype == spec.dtype else t.to(spec.dtype)
