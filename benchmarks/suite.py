@@ -4,9 +4,12 @@ The run is contender-major: first eager for every (model, batch) case (in-proces
 the correctness references), then each other contender over all cases, in this order: eager (workload)
 and aitune-jit (subprocesses of the plain workload script), compile:default, compile:reduce-overhead,
 compile:max-autotune-no-cudagraphs (in-process, each after torch._dynamo.reset()), aitune-aot
-(in-process, on its own copy of the model). The JIT runs before torch.compile, so the one per-run
-Inductor cache can only help torch.compile, never aitune; and a run that meets its budget loses its last
-columns (the slowest compiles) rather than whole models.
+(in-process, on its own copy of the model). A run that meets its budget loses its last columns (the
+slowest compiles) rather than whole models.
+
+Caches: the run gets a fresh folder with two Inductor (and Triton) caches, one for this process and one
+for the workload subprocesses, so neither torch.compile nor the JIT compiles with the other's artefacts:
+each one's first compile of a case is cold.
 
 The results JSON is rewritten after every contender (and mirrored to $OUT when that folder exists), so a
 run cut short keeps what it measured. A time budget skips contenders that would not fit, recording
@@ -84,15 +87,16 @@ def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
     p.add_argument("--workload-timeout-s", type=float, default=d.workload_timeout_s)
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     p.add_argument("--cache-dir", type=Path,
-                   help="Inductor cache for this run (default: a fresh temporary folder, removed at the end)")
+                   help="folder for this run's Inductor caches (default: a fresh temporary folder, removed at the end)")
     p.add_argument("--tag", help="file name tag (default: suite, device, precision, part, time)")
     return p
 
 
 def prepare_env(args: argparse.Namespace) -> tuple[Path, bool]:
-    """Before torch is imported: point Inductor (and Triton) at the run's own cache, fix the thread count.
+    """Before torch is imported: point Inductor (and Triton) at this process's cache, fix the thread count.
 
-    The environment is inherited by the workload subprocesses, so every contender runs with the same.
+    Returns the run's cache folder (the workloads get `<folder>/workloads`, see contenders.workload_env); the
+    thread count is inherited by the workload subprocesses, so every contender runs with the same.
     """
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
@@ -101,8 +105,8 @@ def prepare_env(args: argparse.Namespace) -> tuple[Path, bool]:
     else:
         cache, temporary = Path(tempfile.mkdtemp(prefix="aitune-bench-inductor-")), True
     cache.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-    os.environ["TRITON_CACHE_DIR"] = str(cache / "triton")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache / "suite")
+    os.environ["TRITON_CACHE_DIR"] = str(cache / "suite" / "triton")
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     return cache, temporary
 
@@ -208,8 +212,8 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
             "precision": args.precision, "batches": args.batches, "models": names, "contenders": args.contenders,
             "warmup": args.warmup, "iters": args.iters, "settle": args.settle, "max_warmup_s": args.max_warmup_s,
             "n_inputs": settings.n_inputs, "check_seeds": list(settings.check_seeds),
-            "steady_threshold": 1.5, "budget_s": args.budget_s, "inductor_cache": "fresh per run, shared by all "
-            "contenders of the run (the JIT runs before torch.compile, so only torch.compile can gain from it)",
+            "steady_threshold": 1.5, "budget_s": args.budget_s, "inductor_cache": "fresh per run; one for the suite's "
+            "process, another for the workload subprocesses (cold first compile for torch.compile and the JIT)",
         },
         "results": [],
         "complete": False,
@@ -282,7 +286,8 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
                     continue
                 elif contender in ("eager (workload)", "aitune-jit"):
                     timeout = max(30.0, min(args.workload_timeout_s, budget.left() - 10))
-                    add(C.run_workload(case, settings, contender, jit=contender == "aitune-jit", cache_dir=cache,
+                    add(C.run_workload(case, settings, contender, jit=contender == "aitune-jit",
+                                       cache_dir=cache / "workloads",
                                        timeout_s=timeout, tag=tag))
                 elif contender.startswith("compile:"):
                     add(C.run_compile(case, settings, contender.split(":", 1)[1]))
