@@ -92,8 +92,11 @@ def record(
     module: torch.nn.Module,
     make_call: Callable[[int], tuple[tuple[Any, ...], dict[str, Any]]],
     batch_sizes: Iterable[int] = (2, 4, 8),
+    seed: int = 0,
 ):
-    """Record `module` on `make_call(batch_size)` for every batch size; returns (graph_spec, samples)."""
+    """Record `module` on `make_call(batch_size)` for every batch size (inputs drawn after `manual_seed(seed)`);
+    returns (graph_spec, samples)."""
+    torch.manual_seed(seed)
     recorder = GraphRecorder(module)
     with torch.no_grad():
         for batch in batch_sizes:

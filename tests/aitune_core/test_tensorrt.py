@@ -42,15 +42,13 @@ def fake_trt(monkeypatch):
     return trt
 
 
-def _record(module, make_call, batch_sizes=(2, 4, 4, 8)):
-    torch.manual_seed(0)
-    return record(module, make_call, batch_sizes)
+BATCHES = (2, 4, 4, 8)  # 4 is the most frequent: the profiles' opt
 
 
 # ------------------------------------------------------------------------------------------ without tensorrt
 @pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is installed")
 def test_building_without_tensorrt_gives_the_install_message(tmp_path):
-    spec, samples = _record(MLP().eval(), mlp_call)
+    spec, samples = record(MLP().eval(), mlp_call, BATCHES)
     with pytest.raises(BackendNotAvailableError) as info:
         TensorRTBackend().build(MLP().eval(), spec, samples, CPU, tmp_path)
     assert str(info.value) == MESSAGE
@@ -61,7 +59,7 @@ def test_building_without_tensorrt_gives_the_install_message(tmp_path):
 @pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is installed")
 def test_first_wins_falls_back_past_a_missing_tensorrt(tmp_path):
     module = MLP().eval()
-    spec, samples = _record(module, mlp_call)
+    spec, samples = record(module, mlp_call, BATCHES)
     strategy = FirstWinsStrategy([TensorRTBackend(), TorchEagerBackend()])
     report = strategy.tune_with_report(module, "m", spec, samples, CPU, tmp_path)
     assert isinstance(report.backend, TorchEagerBackend)
@@ -72,7 +70,7 @@ def test_first_wins_falls_back_past_a_missing_tensorrt(tmp_path):
 @pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is installed")
 def test_first_wins_tensorrt_then_inductor_ends_on_inductor(tmp_path):
     module = MLP().eval()
-    spec, samples = _record(module, mlp_call)
+    spec, samples = record(module, mlp_call, BATCHES)
     strategy = FirstWinsStrategy([TensorRTBackend(), TorchInductorBackend()])
     report = strategy.tune_with_report(module, "m", spec, samples, CPU, tmp_path)
     assert isinstance(report.backend, TorchInductorBackend)
@@ -86,7 +84,7 @@ def test_first_wins_tensorrt_then_inductor_ends_on_inductor(tmp_path):
 def test_deploying_an_engine_checkpoint_without_tensorrt_gives_the_install_message(tmp_path):
     engine = tmp_path / "model.engine"
     engine.write_bytes(b"engine")
-    spec, _ = _record(MLP().eval(), mlp_call)
+    spec, _ = record(MLP().eval(), mlp_call, BATCHES)
     state = {"type": "TensorRTBackend", "config": TensorRTBackendConfig().to_dict(), "device": "cuda:0",
              "engine": engine, "graph_spec": spec.to_dict(), "profiles": {}, "tensorrt_version": "10.9.0"}
     backend = TensorRTBackend.from_dict(None, state)
@@ -115,14 +113,14 @@ def test_reduced_precision_widens_the_tolerance():
 
 # ------------------------------------------------------------------------------------------ with a stand-in
 def test_int8_is_a_documented_build_failure(fake_trt, tmp_path):
-    spec, samples = _record(MLP().eval(), mlp_call)
+    spec, samples = record(MLP().eval(), mlp_call, BATCHES)
     with pytest.raises(BackendBuildError, match="int8 needs calibrated quantization"):
         TensorRTBackend(TensorRTBackendConfig(precision="int8")).build(MLP().eval(), spec, samples, CPU, tmp_path)
 
 
 def test_a_cpu_device_is_refused(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "tensorrt", make_fake_tensorrt())
-    spec, samples = _record(MLP().eval(), mlp_call)
+    spec, samples = record(MLP().eval(), mlp_call, BATCHES)
     with pytest.raises(BackendBuildError, match="needs a CUDA device"):
         TensorRTBackend().build(MLP().eval(), spec, samples, CPU, tmp_path)
 
@@ -132,7 +130,7 @@ def test_build_engine_sets_profiles_flags_and_limits(fake_trt, tmp_path, precisi
     from aitune_core.backends.onnx_export import export_onnx
 
     module = DictInTupleOut().eval()
-    spec, samples = _record(module, dict_call)
+    spec, samples = record(module, dict_call, BATCHES)
     onnx_path = export_onnx(module, spec, samples, tmp_path, CPU)
     profiles = {"inputs_pixels": ShapeRange((2, 3, 8, 8), (4, 3, 8, 8), (8, 3, 8, 8)),
                 "inputs_tokens": ShapeRange((2, 5), (4, 5), (8, 5)),
@@ -158,7 +156,7 @@ def test_runner_binds_inputs_and_outputs_by_address_on_the_given_stream(fake_trt
     from aitune_core.backends.onnx_export import export_onnx
 
     module = SmallCNN().eval()
-    spec, samples = _record(module, image_call)
+    spec, samples = record(module, image_call, BATCHES)
     onnx_path = export_onnx(module, spec, samples, tmp_path, CPU)
     engine = build_engine(fake_trt, onnx_path, {"x": ShapeRange((2, 3, 16, 16), (4, 3, 16, 16), (8, 3, 16, 16))},
                           TensorRTBackendConfig())
@@ -177,7 +175,7 @@ def test_runner_binds_inputs_and_outputs_by_address_on_the_given_stream(fake_trt
 
 def test_build_infer_and_checkpoint_layout(fake_trt, tmp_path):
     module = DictInTupleOut().eval()
-    spec, samples = _record(module, dict_call)
+    spec, samples = record(module, dict_call, BATCHES)
     backend = TensorRTBackend(TensorRTBackendConfig(precision="fp16"))
     backend.build(module, spec, samples, CPU, tmp_path)
     assert backend.profiles["inputs_pixels"] == ShapeRange((2, 3, 8, 8), (4, 3, 8, 8), (8, 3, 8, 8))
@@ -204,7 +202,7 @@ def test_build_infer_and_checkpoint_layout(fake_trt, tmp_path):
 
 def test_an_engine_from_another_tensorrt_version_is_refused_at_deploy(fake_trt, tmp_path):
     module = MLP().eval()
-    spec, samples = _record(module, mlp_call)
+    spec, samples = record(module, mlp_call, BATCHES)
     backend = TensorRTBackend()
     backend.build(module, spec, samples, CPU, tmp_path)
     state = backend.to_dict()
