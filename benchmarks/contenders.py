@@ -23,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -296,7 +297,9 @@ def run_workload(
     name, batch = case.built.name, case.built.batch
     row = row_template(case, batch, settings.precision, contender)
     settings.work_dir.mkdir(parents=True, exist_ok=True)
-    stem = settings.work_dir / f"{tag}-{name}-b{batch}-{settings.precision}-{contender.replace(' ', '_')}"
+    # plain characters only: the device tool does not bring back files with odd names
+    label = re.sub(r"[^A-Za-z0-9]+", "-", contender).strip("-")
+    stem = settings.work_dir / f"{tag}-{name}-b{batch}-{settings.precision}-{label}"
     out_json, out_pt, log = stem.with_suffix(".json.part"), stem.with_suffix(".pt"), stem.with_suffix(".log")
     extra: dict[str, str] = {}
     if jit:
@@ -370,14 +373,16 @@ def _tail(path: Path, lines: int) -> str:
 
 
 def jit_available() -> str | None:
-    """None when the env-var hook can start aitune's JIT (the entry point autowrapt looks up exists)."""
-    reason = aitune_available()
-    if reason:
-        return reason
-    if importlib.util.find_spec("autowrapt") is None:
-        return "autowrapt is not installed (the AUTOWRAPT_BOOTSTRAP hook needs it)"
+    """None when the env-var hook can start aitune's JIT: aitune, autowrapt and the entry point are installed.
+
+    Checked without importing aitune, so the suite's own process stays untouched until the AOT contender.
+    """
     from importlib.metadata import entry_points
 
+    if importlib.util.find_spec("aitune") is None:
+        return "aitune is not installed"
+    if importlib.util.find_spec("autowrapt") is None:
+        return "autowrapt is not installed (the AUTOWRAPT_BOOTSTRAP hook needs it)"
     if not list(entry_points(group="aitune_enable_jit_tuning")):
-        return "no 'aitune_enable_jit_tuning' entry point (reinstall aitune)"
+        return "no 'aitune_enable_jit_tuning' entry point (install aitune with pip, e.g. pip install -e .)"
     return None
