@@ -120,6 +120,7 @@ def _slow_call(call: Callable[..., Any], module: torch.nn.Module, slot: Any, arg
         tls.bypass
         or not _state.installed
         or runtime.is_compiling()  # torch.export (non-strict) runs modules in Python on fake tensors
+        or runtime.in_dynamo_region()  # a torch.compile'd call (see skip_as_top_frame)
         or torch._C._get_tracing_state() is not None  # torch.jit.trace
     ):
         return call(module, args, kwargs)
@@ -175,7 +176,27 @@ def _make_patched_call(original: Callable[..., Any]) -> Callable[..., Any]:
             return slow_call(call, self, slot, args, kwargs)
 
     __call__.__aitune_jit_original__ = original  # type: ignore[attr-defined]
+    skip_as_top_frame(__call__, call)
     return __call__
+
+
+def skip_as_top_frame(*functions: Callable[..., Any]) -> None:
+    """Tell dynamo not to compile frames of these functions when they are the outermost frame of a compiled
+    call (`torch.compile(module)` starts at `module.__call__`), only the frames they call - as it does for
+    torch's own `Module.__call__`. Otherwise every module compiled in the process would share aitune's code
+    objects as their top frame, and after `recompile_limit` (8) different modules dynamo would stop
+    compiling. Inlining (a compiled forward calling a submodule) is not affected. Such skipped frames run as
+    plain Python while dynamo's frame callback is installed: the slow paths check `in_dynamo_region()` and
+    pass the call through."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # pragma: no cover - a torch without it: only the protection above is lost
+        return
+    for fn in functions:
+        skip_code(fn.__code__)
+
+
+skip_as_top_frame(_slow_call)
 
 
 # ---------------------------------------------------------------------------------------------- install / uninstall

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_jit.config import jit_config
-from aitune_jit.runtime import CANDIDATE, is_compiling, tls
+from aitune_jit.runtime import CANDIDATE, in_dynamo_region, is_compiling, tls
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
@@ -410,7 +410,7 @@ class PatchedModule:
     def _forward(self, args: tuple, kwargs: dict) -> Any:
         """The module's `forward` while RECORDING or TUNED."""
         forward = self._forward_fn
-        if is_compiling() or tls.bypass:
+        if is_compiling() or tls.bypass or in_dynamo_region():
             return forward(*args, **kwargs)  # type: ignore[misc]
         state = self.state
         if state is NodeState.TUNED:
@@ -644,3 +644,17 @@ class PatchedModule:
         with cls._registry_lock:
             cls.history.clear()
 
+
+def _skip_hook_frames() -> None:
+    from aitune_jit.hook import skip_as_top_frame
+
+    skip_as_top_frame(
+        _ForwardWrapper.__call__,
+        PatchedModule.observed_call,
+        PatchedModule._forward,
+        PatchedModule._dispatch,
+        PatchedModule._fallback,
+    )
+
+
+_skip_hook_frames()

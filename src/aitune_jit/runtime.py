@@ -23,6 +23,22 @@ if TYPE_CHECKING:
 is_compiling = torch.compiler.is_compiling
 is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
+try:
+    from torch._C._dynamo.eval_frame import get_eval_frame_callback as _eval_frame_callback
+except ImportError:  # pragma: no cover - a torch without it
+
+    def _eval_frame_callback() -> object:
+        return None
+
+
+def in_dynamo_region() -> bool:
+    """True while a dynamo-compiled call is running in this thread (its frame callback is installed).
+
+    The hook's own frames are never compiled as the outermost frame of a compiled call (see
+    `hook.skip_as_top_frame`), so inside `torch.compile(module)(...)` they run as plain Python before the
+    module's forward frame is compiled; there they must pass every call straight through."""
+    return _eval_frame_callback() is not None
+
 
 class _ThreadState(threading.local):
     def __init__(self) -> None:

@@ -7,6 +7,7 @@ import inspect
 import io
 import pickle
 import threading
+import types
 
 import torch
 from jit_helpers import MLP, Block, CountingBackend, make_mlp, run, states
@@ -257,3 +258,53 @@ def test_call_stack_is_per_thread():
         assert root.parent is None
         assert [c.path for c in root.children] == ["MLP.blocks.0", "MLP.blocks.1", "MLP.head"]
         assert all(len(c.children) == 3 for c in root.children[:2])
+
+
+def _distinct_modules(count: int) -> list[torch.nn.Module]:
+    """`count` modules of different classes, each with a forward of its own (a code object of its own)."""
+
+    def forward(self, x):
+        return self.fc(x).relu() * 2
+
+    modules = []
+    for i in range(count):
+        own_forward = types.FunctionType(forward.__code__.replace(), forward.__globals__, "forward")
+        cls = type(f"Distinct{i}", (Block,), {"forward": own_forward})
+        modules.append(cls(8 + i).eval())
+    return modules
+
+
+def test_many_modules_compiled_under_the_hook_each_get_their_graph():
+    """dynamo's recompile limit (8 per code object) must not be reached because every compiled module would
+    start at the hook's code: twelve different modules compiled by the user, and twelve compiled the way
+    backends compile them (a ForwardOnly view, hook bypassed), each get a graph."""
+    from aitune_jit.runtime import bypassed
+    from aitune_jit.tuner import ForwardOnly
+
+    jit_config.min_samples = 1000  # nodes stay RECORDING: their forward wrapper is installed
+    jit_config.min_parameters = 0
+    enable()
+    graphs = 0
+
+    def counting_backend(gm, example_inputs):
+        nonlocal graphs
+        graphs += 1
+        return gm.forward
+
+    user_modules = _distinct_modules(12)
+    with torch.no_grad():
+        for module in user_modules:
+            module(torch.randn(2, module.fc.in_features))  # adopted, recording
+            compiled = torch.compile(module, backend=counting_backend)
+            x = torch.randn(3, module.fc.in_features)
+            torch.testing.assert_close(compiled(x), type(module).forward(module, x))
+    assert graphs == 12
+    assert all(PatchedModule.of(m).state is NodeState.RECORDING for m in user_modules)
+    assert all(PatchedModule.of(m).recorder.total_calls == 1 for m in user_modules)  # compiled calls not recorded
+
+    graphs = 0
+    with bypassed(), torch.no_grad():
+        for module in _distinct_modules(12):
+            compiled = torch.compile(ForwardOnly(module, module.forward), backend=counting_backend)
+            compiled(torch.randn(3, module.fc.in_features))
+    assert graphs == 12
