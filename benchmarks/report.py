@@ -216,7 +216,8 @@ def render_sections(secs: Sequence[dict[str, Any]], chart: str | None = None) ->
         if newest.get("git_commit"):
             details.append(f"aitune commit {newest['git_commit']}")
         parts.append(", ".join(details) + ".")
-        files = ", ".join(f"`{d['_file']}` ({d['date']})" for d in sec["docs"]) if "_file" in newest else ""
+        files = ", ".join(f"`{d['_file']}` ({d['date']}{'' if d.get('complete', True) else ', run cut short'})"
+                          for d in sec["docs"]) if "_file" in newest else ""
         if files:
             parts.append(f"Results files: {files}.")
         sources = dict.fromkeys(f"`{r['model']}`: {r['model_source']}" for r in sec["rows"] if r.get("model_source"))

@@ -89,6 +89,7 @@ def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", type=Path,
                    help="folder for this run's Inductor caches (default: a fresh temporary folder, removed at the end)")
     p.add_argument("--tag", help="file name tag (default: suite, device, precision, part, time)")
+    p.add_argument("--git-commit", help="the aitune commit measured, where the tree has no .git (default: git's HEAD)")
     return p
 
 
@@ -206,7 +207,7 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
         "python": platform.python_version(),
         "torch": torch.__version__,
         "packages": package_versions(),
-        "git_commit": git_commit(),
+        "git_commit": args.git_commit or git_commit(),
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "settings": {
             "precision": args.precision, "batches": args.batches, "models": names, "contenders": args.contenders,
