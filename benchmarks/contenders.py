@@ -126,20 +126,8 @@ def make_case(name: str, batch: int, settings: Settings) -> Case:
     return Case(built, inputs, check_inputs, reference, checksum)
 
 
-def _caller(target: Callable[..., Any], settings: Settings) -> Callable[[models.Batch], Any]:
-    device_type = torch.device(settings.device).type
-    if settings.autocast == "bf16":
-        def call(b: models.Batch) -> Any:
-            with torch.autocast(device_type, dtype=torch.bfloat16):
-                return target(*b.args, **b.kwargs)
-    else:
-        def call(b: models.Batch) -> Any:
-            return target(*b.args, **b.kwargs)
-    return call
-
-
 def _serve_and_check(row: dict[str, Any], case: Case, target: Callable[..., Any], settings: Settings) -> None:
-    call = _caller(target, settings)
+    call = models.caller(target, torch.device(settings.device).type, settings.autocast)
     with torch.no_grad():
         served = timing.serve_loop(
             call, case.inputs, settings.device, warmup=settings.warmup, iters=settings.iters,

@@ -207,6 +207,20 @@ def weights_checksum(module: nn.Module) -> float:
         return float(sum(t.detach().double().sum().item() for t in [*module.parameters(), *module.buffers()]))
 
 
+def caller(target: Callable[..., Any], device_type: str, autocast: str = "none") -> Callable[[Batch], Any]:
+    """`call(batch)` = `target(*batch.args, **batch.kwargs)`, inside bf16 autocast when `autocast` is "bf16"."""
+    if autocast == "bf16":
+        def call(b: Batch) -> Any:
+            with torch.autocast(device_type, dtype=torch.bfloat16):
+                return target(*b.args, **b.kwargs)
+    elif autocast == "none":
+        def call(b: Batch) -> Any:
+            return target(*b.args, **b.kwargs)
+    else:
+        raise ValueError(f"autocast must be 'none' or 'bf16', got {autocast!r}")
+    return call
+
+
 def primary_output(out: Any) -> torch.Tensor:
     """The tensor a correctness check compares: the output itself, or the first tensor of a tuple/ModelOutput."""
     if isinstance(out, torch.Tensor):

@@ -47,15 +47,7 @@ def make_callable(module: torch.nn.Module, contender: str, autocast: str, device
         target = torch.compile(module, mode=contender.split(":", 1)[1])
     else:
         raise SystemExit(f"unknown contender {contender!r}: eager or compile:<mode>")
-
-    if autocast == "bf16":
-        def call(batch: models.Batch):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                return target(*batch.args, **batch.kwargs)
-    else:
-        def call(batch: models.Batch):
-            return target(*batch.args, **batch.kwargs)
-    return call
+    return models.caller(target, device.type, autocast)
 
 
 def main(argv: list[str] | None = None) -> int:

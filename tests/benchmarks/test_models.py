@@ -33,3 +33,18 @@ def test_primary_output_picks_first_tensor():
 def test_unknown_model_is_an_error():
     with pytest.raises(ValueError, match="unknown model"):
         models.build("nope", 1)
+
+
+def test_caller_unpacks_the_batch_and_applies_bf16_autocast():
+    seen = {}
+
+    def target(*args, **kwargs):
+        seen.update(args=args, kwargs=kwargs, autocast=torch.is_autocast_enabled("cpu"))
+        return torch.ones(1)
+
+    models.caller(target, "cpu")(models.Batch((1,), {"k": 2}))
+    assert seen == {"args": (1,), "kwargs": {"k": 2}, "autocast": False}
+    models.caller(target, "cpu", "bf16")(models.Batch())
+    assert seen["autocast"] is True
+    with pytest.raises(ValueError):
+        models.caller(target, "cpu", "fp8")
