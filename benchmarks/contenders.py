@@ -55,7 +55,6 @@ class Settings:
     max_warmup_s: float = 120.0
     n_inputs: int = 4
     check_seeds: tuple[int, ...] = (1000, 1001)
-    workload_timeout_s: float = 420.0
     work_dir: Path = Path("benchmarks/results")
 
     @property

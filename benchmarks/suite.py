@@ -196,7 +196,7 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
 
     settings = C.Settings(
         device=args.device, precision=args.precision, warmup=args.warmup, iters=args.iters, settle=args.settle,
-        max_warmup_s=args.max_warmup_s, workload_timeout_s=args.workload_timeout_s, work_dir=args.results_dir,
+        max_warmup_s=args.max_warmup_s, work_dir=args.results_dir,
     )
     doc: dict[str, Any] = {
         "schema": report.SCHEMA,
