@@ -71,13 +71,16 @@ def build_model() -> ResNet:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="where to save the outputs of the measured requests")
-    parser.add_argument("--requests", type=int, default=40, help="measured requests")
+    parser.add_argument("--requests", type=int, default=100, help="measured requests")
     parser.add_argument("--batch", type=int, default=4, help="batch size of the measured requests")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     options = parser.parse_args()
 
-    model = build_model()
+    device = torch.device(options.device)
+    model = build_model().to(device)
     generator = torch.Generator().manual_seed(1)
-    image = lambda batch: torch.randn(batch, 3, 64, 64, generator=generator)  # noqa: E731
+    image = lambda batch: torch.randn(batch, 3, 64, 64, generator=generator).to(device)  # noqa: E731
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     with torch.inference_mode():
         for batch in (2, 8, 2, 8):  # the first requests of the day
@@ -87,10 +90,20 @@ def main() -> None:
             model(x)
         latencies, outputs = [], []
         for x in measured:
+            sync()
             start = time.perf_counter()
             outputs.append(model(x))
+            sync()
             latencies.append((time.perf_counter() - start) * 1000.0)
-    torch.save({"inputs": measured, "outputs": outputs, "latencies_ms": latencies}, options.out)
+    torch.save(
+        {
+            "inputs": [x.cpu() for x in measured],
+            "outputs": [y.cpu() for y in outputs],
+            "latencies_ms": latencies,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        },
+        options.out,
+    )
     median = statistics.median(latencies)
     print(f"served {len(measured)} requests at batch {options.batch}: median latency {median:.2f} ms")
 

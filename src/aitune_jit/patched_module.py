@@ -97,6 +97,11 @@ class _ForwardWrapper:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._node._forward(args, kwargs)
 
+    def __getattr__(self, name: str) -> Any:  # e.g. forward.__func__, forward.__self__, forward.__name__
+        if name in ("__wrapped__", "_node") or name.startswith("__getstate"):
+            raise AttributeError(name)
+        return getattr(self.__wrapped__, name)
+
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         node = self._node
         saved = None if node._saved_forward is _MISSING else node._saved_forward

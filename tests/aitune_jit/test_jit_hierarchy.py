@@ -229,3 +229,16 @@ def test_training_mode_and_grad_are_not_recorded(eager_backend):
     out = model(torch.randn(2, 32, requires_grad=True)).sum()
     out.backward()
     assert model.head.weight.grad is not None
+
+
+def test_batch_axis_required(eager_backend):
+    jit_config.batch_axis_required = True
+    model = make_mlp()
+    enable()
+    run(model, [4, 4, 4])  # one batch size only: no batch axis can be seen
+    assert PatchedModule.of(model).state is NodeState.RECORDING
+    assert any("no batch axis yet" in h for h in PatchedModule.history)
+    run(model, [2])
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    spec = PatchedModule.of(model).dispatcher.entries[0][0]
+    assert spec.input_spec.tensors[0].batch_axes() == [0]

@@ -308,3 +308,16 @@ def test_many_modules_compiled_under_the_hook_each_get_their_graph():
             compiled = torch.compile(ForwardOnly(module, module.forward), backend=counting_backend)
             compiled(torch.randn(3, module.fc.in_features))
     assert graphs == 12
+
+
+def test_forward_wrapper_looks_like_the_bound_forward():
+    jit_config.min_samples = 100
+    jit_config.min_parameters = 0
+    model = make_mlp()
+    enable()
+    run(model, [2])
+    wrapper = model.__dict__["forward"]
+    assert model.forward.__self__ is model
+    assert model.forward.__func__ is MLP.forward
+    assert model.forward.__name__ == "forward"
+    assert inspect.signature(wrapper) == inspect.signature(MLP.forward.__get__(model))
