@@ -115,10 +115,21 @@ def _adopt(module: torch.nn.Module) -> Any:
         return result
 
 
+def _mark_pass(module: torch.nn.Module) -> None:
+    with _state.lock:
+        module.__dict__[NODE_ATTR] = PASS
+        _state.touched.add(module)
+
+
 def _slow_call(call: Callable[..., Any], module: torch.nn.Module, slot: Any, args: tuple, kwargs: dict) -> Any:
+    if tls.bypass:
+        if slot is None or slot is CANDIDATE:
+            # First called by aitune itself (a backend's compiled wrapper or working copy, a view built for
+            # tuning, a module new under a tuned one): never a node; settle it on the fast path.
+            _mark_pass(module)
+        return call(module, args, kwargs)
     if (
-        tls.bypass
-        or not _state.installed
+        not _state.installed
         or runtime.is_compiling()  # torch.export (non-strict) runs modules in Python on fake tensors
         or runtime.in_dynamo_region()  # a torch.compile'd call (see skip_as_top_frame)
         or torch._C._get_tracing_state() is not None  # torch.jit.trace

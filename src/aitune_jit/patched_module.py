@@ -11,9 +11,9 @@ thread's call stack at that moment is its parent. What a node does per state:
 - TUNED: the forward wrapper routes calls through a `GraphDispatcher` (backend per graph, eager fallback
   with one warning, new graphs recorded and tuned when they have enough samples). The user's forward
   pre/post hooks still run around it, because `Module.__call__` is untouched and only `forward` changed.
-- EAGER / SKIPPED: no wrapper; pushes itself while its children may still be candidates, and settles
-  on the fast path once it is known to be a leaf.
-- DETACHED: no wrapper, fast path.
+- EAGER / SKIPPED: no wrapper; pushes itself while its subtree may still change, and moves to the fast
+  path once every child is there for `SETTLE_CALLS` calls in a row (a leaf after `SETTLE_CALLS` calls).
+- TUNED (from `Module.__call__`'s point of view) and DETACHED: fast path, one lookup per call.
 
 Nothing a node does may change what the program computes: every failure ends in the original forward.
 """

@@ -235,3 +235,20 @@ def test_summary_is_logged_once_at_warning(caplog):
         summary.log_summary()
     records = [r for r in caplog.records if "JIT tuning summary" in r.getMessage()]
     assert len(records) == 1 and records[0].levelno == logging.WARNING
+
+
+def test_modules_first_called_by_aitune_itself_go_on_the_fast_path():
+    """The backend's wrappers (here the ForwardOnly view the strategy builds on) are never nodes and cost one
+    lookup per call once seen, instead of the slow path on every tuned call."""
+    from aitune_jit import hook
+    from aitune_jit.runtime import PASS
+
+    _fake_backends(CountingBackend())
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED
+    view = node.backends[0]._module  # what CountingBackend was built with and calls
+    assert view.__dict__[hook.NODE_ATTR] is PASS
+    assert PatchedModule.of(view) is None
