@@ -7,8 +7,6 @@ at varying batch sizes, and reports its steady-state latency. Outputs of the mea
 so two runs (with and without JIT tuning) can be compared.
 """
 
-from __future__ import annotations
-
 import argparse
 import statistics
 import time
@@ -68,24 +66,17 @@ def build_model() -> ResNet:
     return model.eval()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="where to save the outputs of the measured requests")
-    parser.add_argument("--requests", type=int, default=100, help="measured requests")
-    parser.add_argument("--batch", type=int, default=4, help="batch size of the measured requests")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    options = parser.parse_args()
-
-    device = torch.device(options.device)
-    model = build_model().to(device)
+def serve(model: nn.Module, out: str, requests: int = 100, batch: int = 4, device: str = "cpu") -> None:
+    """Answer the day's requests: a few at batch sizes 2 and 8, then `requests` measured ones at `batch`."""
+    device_ = torch.device(device)
     generator = torch.Generator().manual_seed(1)
-    image = lambda batch: torch.randn(batch, 3, 64, 64, generator=generator).to(device)  # noqa: E731
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    image = lambda size: torch.randn(size, 3, 64, 64, generator=generator).to(device_)  # noqa: E731
+    sync = torch.cuda.synchronize if device_.type == "cuda" else (lambda: None)
 
     with torch.inference_mode():
-        for batch in (2, 8, 2, 8):  # the first requests of the day
-            model(image(batch))
-        measured = [image(options.batch) for _ in range(options.requests)]
+        for size in (2, 8, 2, 8):  # the first requests of the day
+            model(image(size))
+        measured = [image(batch) for _ in range(requests)]
         for x in measured[:5]:  # warm caches
             model(x)
         latencies, outputs = [], []
@@ -100,12 +91,23 @@ def main() -> None:
             "inputs": [x.cpu() for x in measured],
             "outputs": [y.cpu() for y in outputs],
             "latencies_ms": latencies,
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "device": torch.cuda.get_device_name(device_) if device_.type == "cuda" else "cpu",
         },
-        options.out,
+        out,
     )
     median = statistics.median(latencies)
-    print(f"served {len(measured)} requests at batch {options.batch}: median latency {median:.2f} ms")
+    print(f"served {len(measured)} requests at batch {batch}: median latency {median:.2f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A small ResNet answering image-classification requests")
+    parser.add_argument("--out", required=True, help="where to save the outputs of the measured requests")
+    parser.add_argument("--requests", type=int, default=100, help="measured requests")
+    parser.add_argument("--batch", type=int, default=4, help="batch size of the measured requests")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    options = parser.parse_args()
+    model = build_model().to(options.device)
+    serve(model, options.out, options.requests, options.batch, options.device)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
+import pytest
 import torch
 from jit_helpers import (
     CountingBackend,
@@ -61,34 +62,28 @@ def test_user_hooks_still_act_after_tuning():
     assert CountingBackend.infers >= 3  # the tuned calls (batch 3, 5, 4) went through the backend
 
 
-def test_backend_failing_to_build_leaves_the_module_eager_and_outputs_unchanged():
-    """Acceptance 6 (build failure)."""
-    _fake_backends(RaisingBackend())
+@pytest.mark.parametrize(
+    ("backend", "cause"),
+    [
+        (RaisingBackend(), "RaisingBackend refuses to build"),  # fails to build
+        (WrongValuesBackend(), "ValidationError"),  # builds, returns wrong values: validation rejects it
+    ],
+)
+def test_failing_backend_leaves_every_module_eager_and_outputs_unchanged(backend, cause):
+    """Acceptance 6: the root, then its children, then theirs are tried; all fail; outputs never change."""
+    _fake_backends(backend)
+    batches = [2, 3, 4, 5, 6, 7]
     model = make_mlp()
-    reference = run(make_mlp(), [2, 3, 4, 5, 2, 3])
+    reference = run(make_mlp(), batches)
     enable()
-    outputs = run(model, [2, 3, 4, 5, 2, 3])
-    for out, ref in zip(outputs, reference):
-        torch.testing.assert_close(out, ref, rtol=0, atol=0)
-    assert PatchedModule.of(model).state is NodeState.EAGER
-    assert "RaisingBackend refuses to build" in PatchedModule.of(model).reason
-    assert set(states(model).values()) <= {"eager", "skipped"}
-    assert any("Tuning MLP" in h and "failed" in h and "RaisingBackend refuses to build" in h
-               for h in PatchedModule.history)
-
-
-def test_backend_returning_wrong_values_is_rejected_and_outputs_unchanged():
-    """Acceptance 6 (wrong values)."""
-    _fake_backends(WrongValuesBackend())
-    model = make_mlp()
-    reference = run(make_mlp(), [2, 3, 4, 5, 6, 7])
-    enable()
-    outputs = run(model, [2, 3, 4, 5, 6, 7])
+    outputs = run(model, batches)
     for out, ref in zip(outputs, reference):
         torch.testing.assert_close(out, ref, rtol=0, atol=0)
     root = PatchedModule.of(model)
-    assert root.state is NodeState.EAGER and "WrongValuesBackend" in root.reason
-    assert "Tuned" not in root.reason and states(model)["MLP.head"] in ("eager", "skipped", "recording")
+    assert root.state is NodeState.EAGER and cause in root.reason
+    assert set(states(model).values()) == {"eager"}  # every level was tried down to max_depth_level
+    failures = [h for h in PatchedModule.history if h.startswith("Tuning ") and "failed" in h]
+    assert len(failures) == len(states(model)) and all(cause in h for h in failures)
 
 
 def test_first_working_backend_wins_after_failures():

@@ -1,8 +1,8 @@
 """The four ways in (acceptance 1 and 5): env var, import line, decorator, launcher; and the bootstrap.
 
-Acceptance 1 runs one unmodified script (scripts/cnn_app.py, a small ResNet-like CNN) three ways with the
-default configuration (Torch Inductor on the CPU): the root is TUNED, every other node DETACHED, and the
-outputs at batch sizes the recordings never had (3 and 5; recorded: 2 and 8) match eager.
+Acceptance 1 runs one unmodified script (examples/resnet_app.py, the demo's small ResNet) three ways with
+the default configuration (Torch Inductor on the CPU): the root is TUNED, every other node DETACHED, and the
+outputs at a batch size the recordings never had (3; recorded: 2 and 8) match eager.
 """
 
 from __future__ import annotations
@@ -22,19 +22,13 @@ from aitune_jit.decorator import patch_for_jit_tuning
 from aitune_jit.patched_module import PatchedModule
 
 SCRIPTS = Path(__file__).parent / "scripts"
-CNN_APP = SCRIPTS / "cnn_app.py"
 REPORT_AFTER = SCRIPTS / "report_after.py"
-sys.path.insert(0, str(SCRIPTS))
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+APP = EXAMPLES / "resnet_app.py"
+APP_ARGS = ["--requests", "3", "--batch", "3"]  # batch 3: never recorded (the first requests are 2 and 8)
+sys.path.insert(0, str(EXAMPLES))
 
-import cnn_app  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def eager_outputs() -> dict[int, torch.Tensor]:
-    model = cnn_app.build_model()
-    _first, later = cnn_app.traffic()
-    with torch.no_grad():
-        return {batch: model(x) for batch, x in later.items()}
+import resnet_app  # noqa: E402
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -58,61 +52,64 @@ def _report(result: subprocess.CompletedProcess[str]) -> dict:
 
 def _assert_root_tuned_children_detached(hierarchy: list[str]) -> None:
     assert hierarchy[0] == "JIT Tuning Hierarchy:"
-    assert hierarchy[1].startswith("├─ SmallCNN 📊20.0K level=0🪜 state=tuned🎯 (TorchInductorBackend) call_count=")
+    assert hierarchy[1].startswith("├─ ResNet 📊320.4K level=0🪜 state=tuned🎯 (TorchInductorBackend) call_count=")
     children = hierarchy[2:]
-    assert len(children) >= 10  # convs, batch norms, blocks, pool, fc
+    assert len(children) == 35  # convs, batch norms, relus, blocks, pool, fc (containers are not nodes)
     assert all("state=detached☑️" in line for line in children), "\n".join(hierarchy)
 
 
-def _assert_outputs_match(outputs: dict[int, torch.Tensor], reference: dict[int, torch.Tensor]) -> None:
-    assert sorted(outputs) == [3, 5]
-    for batch, expected in reference.items():
-        torch.testing.assert_close(outputs[batch], expected, rtol=1e-3, atol=1e-4)
+def _assert_outputs_match_eager(out: Path) -> None:
+    saved = torch.load(out)
+    model = resnet_app.build_model()  # no hook here: the fixture switched everything off
+    with torch.no_grad():
+        for x, output in zip(saved["inputs"], saved["outputs"], strict=True):
+            assert x.shape[0] == 3
+            torch.testing.assert_close(output, model(x), rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.slow
-def test_env_var_way(tmp_path, eager_outputs):
+def test_env_var_way(tmp_path):
     out = tmp_path / "out.pt"
     env = _env(tmp_path, AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning")
-    result = _run([str(REPORT_AFTER), str(CNN_APP), str(out)], env)
+    result = _run([str(REPORT_AFTER), str(APP), "--out", str(out), *APP_ARGS], env)
     report = _report(result)
     _assert_root_tuned_children_detached(report["hierarchy"])
-    _assert_outputs_match(torch.load(out), eager_outputs)
-    assert any(line.startswith("No graph breaks in SmallCNN") for line in report["history"])
+    _assert_outputs_match_eager(out)
+    assert any(line.startswith("No graph breaks in ResNet") for line in report["history"])
     # the WARNING summary at interpreter exit
     assert "aitune JIT tuning summary: 1 module(s) tuned" in result.stderr
-    assert "SmallCNN" in result.stderr and "TorchInductorBackend()" in result.stderr
+    assert "🎯 ResNet (ResNet 📊320.4K, level 0): TorchInductorBackend()" in result.stderr
 
 
 def test_without_the_env_var_nothing_is_patched(tmp_path):
     out = tmp_path / "out.pt"
-    report = _report(_run([str(REPORT_AFTER), str(CNN_APP), str(out)], _env(tmp_path)))
+    report = _report(_run([str(REPORT_AFTER), str(APP), "--out", str(out), *APP_ARGS], _env(tmp_path)))
     assert report == {"hierarchy": ["JIT Tuning Hierarchy:"], "history": []}
 
 
 @pytest.mark.slow
-def test_import_line_way(tmp_path, eager_outputs):
-    script = tmp_path / "cnn_app_with_import.py"
-    script.write_text("import aitune.torch.jit.enable  # noqa: F401\n" + CNN_APP.read_text())
+def test_import_line_way(tmp_path):
+    script = tmp_path / "resnet_app_with_import.py"
+    script.write_text("import aitune.torch.jit.enable  # noqa: F401\n" + APP.read_text())
     out = tmp_path / "out.pt"
-    report = _report(_run([str(REPORT_AFTER), str(script), str(out)], _env(tmp_path)))
+    report = _report(_run([str(REPORT_AFTER), str(script), "--out", str(out), *APP_ARGS], _env(tmp_path)))
     _assert_root_tuned_children_detached(report["hierarchy"])
-    _assert_outputs_match(torch.load(out), eager_outputs)
+    _assert_outputs_match_eager(out)
 
 
 @pytest.mark.slow
-def test_decorator_way(tmp_path, eager_outputs):
+def test_decorator_way(tmp_path):
     from aitune_jit.config import jit_config
 
     jit_config.cache_dir = tmp_path / "jit-cache"
-    create = patch_for_jit_tuning(cnn_app.build_model)
+    create = patch_for_jit_tuning(resnet_app.build_model)
     model = create()
     out = tmp_path / "out.pt"
-    cnn_app.serve(model, str(out))
+    resnet_app.serve(model, str(out), requests=3, batch=3)
     lines: list[str] = []
     PatchedModule.print_hierarchy(sink=lines.append)
     _assert_root_tuned_children_detached(lines)
-    _assert_outputs_match(torch.load(out), eager_outputs)
+    _assert_outputs_match_eager(out)
 
 
 def test_launcher_way(tmp_path):
