@@ -1,0 +1,101 @@
+"""Where does a JIT-tuned call spend its time compared with a hand-written `torch.compile`?
+
+Side by side in one process, on the same model copy and inputs:
+
+    eager                         the module as the user wrote it
+    compile:<mode>                torch.compile(module, mode=<mode>) called directly
+    jit (hook)                    the same module JIT-tuned through the `Module.__call__` patch (default config)
+    jit backend.infer             the chosen backend called directly (no hook, no dispatcher)
+
+The difference between the last two is aitune's per-call dispatch cost; between `compile:<mode>` and
+`jit backend.infer` it is what the backend adds (output copies for CUDA graphs, autocast, mode checks).
+
+    python benchmarks/tuned_call_overhead.py --model resnet50 --batches 1 32          # GPU
+    python benchmarks/tuned_call_overhead.py --model tiny_resnet --batches 1 --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import logging
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import models
+import timing
+
+
+def _median_ms(fn, batch: models.Batch, device: str, iters: int) -> float:
+    """Median of `iters` timed synchronous calls after a warm-up (CUDA events on a GPU)."""
+    call = models.caller(fn, torch.device(device).type)
+    with torch.no_grad():
+        result = timing.serve_loop(call, [batch], device, warmup=20, iters=iters, settle=20)
+    return result.stats.median_ms
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--mode", default="reduce-overhead")
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "tuned_call_overhead.json"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    import aitune.torch.jit as jit
+    from aitune.torch import PatchedModule, jit_config
+
+    rows = []
+    for batch in args.batches:
+        built = models.build(args.model, batch)
+        base = built.module.to(args.device).eval()
+        x = built.make_inputs(0).to(args.device)
+        row: dict[str, float | int | str] = {"model": args.model, "batch": batch}
+        row["eager_ms"] = _median_ms(base, x, args.device, args.iters)
+        compiled = torch.compile(copy.deepcopy(base), mode=None if args.mode == "default" else args.mode)
+        row[f"compile_{args.mode}_ms"] = _median_ms(compiled, x, args.device, args.iters)
+
+        jit_config.device = args.device
+        jit.enable()
+        try:
+            tuned = copy.deepcopy(base)
+            with torch.no_grad():
+                for _ in range(jit_config.min_samples + 3):
+                    tuned(*x.args, **x.kwargs)
+            node = PatchedModule.of(tuned)
+            row["jit_state"] = str(node.state) if node is not None else "not a node"
+            row["jit_hook_ms"] = _median_ms(tuned, x, args.device, args.iters)
+            backends = node.backends if node is not None else []
+            if backends:
+                backend = backends[0]
+                row["jit_backend"] = backend.describe()
+                row["jit_backend_infer_ms"] = _median_ms(backend.infer, x, args.device, args.iters)
+        finally:
+            jit.disable()
+        rows.append(row)
+        print(json.dumps(row))
+
+    result = {
+        "benchmark": "tuned_call_overhead",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
