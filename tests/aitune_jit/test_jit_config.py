@@ -160,26 +160,29 @@ def test_default_strategy_cuda_measures_speed_over_inductor_and_cuda_graphs(monk
     assert type(strategy) is HighestThroughputStrategy
     assert strategy.measures_speed
     assert strategy.profile_at_recorded_shapes is True
+    # CUDA graphs first: the likely winner, so the early stop usually saves the second compile
     assert [b.describe() for b in strategy.backends] == [
-        "TorchInductorBackend()",
         "TorchInductorBackend(mode='reduce-overhead')",
+        "TorchInductorBackend()",
     ]
+    assert strategy.stop_when_speedup_over == config_module.CUDA_EARLY_STOP_SPEEDUP
 
 
 def test_precision_adds_autocast_candidates(monkeypatch):
     monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
     cpu = default_backends("cpu", precision="bf16")
-    assert [b.config.autocast_enabled for b in cpu] == [False, True]
-    assert cpu[1].config.autocast_dtype == torch.bfloat16
+    # opting in puts the lower-precision candidates first; fp32 stays as the fallback
+    assert [b.config.autocast_enabled for b in cpu] == [True, False]
+    assert cpu[0].config.autocast_dtype == torch.bfloat16
     cuda = default_backends("cuda", precision="fp16")
     assert [(b.config.mode, b.config.autocast_dtype) for b in cuda] == [
-        (None, None),
-        ("reduce-overhead", None),
-        (None, torch.float16),
         ("reduce-overhead", torch.float16),
+        (None, torch.float16),
+        ("reduce-overhead", None),
+        (None, None),
     ]
     # the autocast candidate validates with the tolerance of its dtype, wider than fp32's
-    assert cpu[1].tolerance(torch.float32).rtol > cpu[0].tolerance(torch.float32).rtol
+    assert cpu[0].tolerance(torch.float32).rtol > cpu[1].tolerance(torch.float32).rtol
 
 
 def test_resolve_strategy(monkeypatch):
