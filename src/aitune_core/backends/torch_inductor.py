@@ -297,7 +297,8 @@ class TorchInductorBackend(Backend):
             output = compiled(*args, **kwargs)
         if self._cudagraphs:
             # the next replay overwrites the graph's output buffers: give the caller tensors it owns
-            output = tree_map(torch.Tensor.clone, output)
+            # (a bare tensor, the common case, skips the pytree walk: this is on every call's path)
+            output = output.clone() if type(output) is torch.Tensor else tree_map(torch.Tensor.clone, output)
         return output
 
     def _order_for_warmup(self, graph_spec: GraphSpec, data: list[Sample]) -> list[Sample]:
