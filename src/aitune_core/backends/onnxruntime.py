@@ -35,7 +35,8 @@ import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.onnx_export import ONNX_FILE_NAME, export_onnx, input_names, output_names
-from aitune_core.errors import BackendBuildError, BackendNotAvailableError
+from aitune_core.backends.optional_import import import_optional
+from aitune_core.errors import BackendBuildError
 from aitune_core.log import get_logger
 from aitune_core.specs.graph_spec import GraphSpec
 
@@ -51,11 +52,7 @@ _GPU_PROVIDERS = frozenset({CUDA_PROVIDER, TENSORRT_PROVIDER})
 
 
 def import_onnxruntime() -> Any:
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        raise BackendNotAvailableError("onnxruntime", "onnx") from exc
-    return onnxruntime
+    return import_optional("onnxruntime", "onnxruntime", "onnx")
 
 
 @dataclasses.dataclass(frozen=True)

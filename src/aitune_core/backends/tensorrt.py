@@ -41,8 +41,9 @@ import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.onnx_export import export_onnx, input_names, output_names
+from aitune_core.backends.optional_import import import_optional
 from aitune_core.backends.trt_profiles import ShapeRange, profiles_from_dict, profiles_from_graph_spec, profiles_to_dict
-from aitune_core.errors import BackendBuildError, BackendNotAvailableError, CheckpointError
+from aitune_core.errors import BackendBuildError, CheckpointError
 from aitune_core.log import get_logger
 from aitune_core.specs.graph_spec import GraphSpec
 
@@ -62,11 +63,7 @@ INT8_NOT_IMPLEMENTED = (
 
 
 def import_tensorrt() -> Any:
-    try:
-        import tensorrt
-    except ImportError as exc:
-        raise BackendNotAvailableError("tensorrt", "tensorrt") from exc
-    return tensorrt
+    return import_optional("tensorrt", "tensorrt", "tensorrt")
 
 
 def check_precision(precision: str, allowed: tuple[str, ...], owner: str) -> None:

@@ -37,6 +37,7 @@ import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.onnx_export import export_program
+from aitune_core.backends.optional_import import import_optional
 from aitune_core.backends.tensorrt import (
     check_optional_int,
     check_precision,
@@ -49,7 +50,6 @@ from aitune_core.backends.trt_profiles import (
     profiles_from_graph_spec,
     profiles_to_dict,
 )
-from aitune_core.errors import BackendNotAvailableError
 from aitune_core.log import get_logger
 from aitune_core.specs.graph_spec import GraphSpec
 
@@ -64,11 +64,7 @@ _PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch
 
 
 def import_torch_tensorrt() -> Any:
-    try:
-        import torch_tensorrt
-    except ImportError as exc:
-        raise BackendNotAvailableError("torch_tensorrt", "tensorrt") from exc
-    return torch_tensorrt
+    return import_optional("torch_tensorrt", "torch_tensorrt", "tensorrt")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
-from aitune_core.errors import BackendBuildError, BackendNotAvailableError
+from aitune_core.backends.optional_import import import_optional
+from aitune_core.errors import BackendBuildError
 from aitune_core.log import get_logger
 
 if TYPE_CHECKING:
@@ -61,11 +62,7 @@ FLOAT8_MIN_CAPABILITY = (8, 9)
 
 def import_torchao_quantization() -> Any:
     """`torchao.quantization`, or BackendNotAvailableError naming the extra."""
-    try:
-        import torchao.quantization as quantization
-    except ImportError as exc:
-        raise BackendNotAvailableError("torchao", "torchao") from exc
-    return quantization
+    return import_optional("torchao.quantization", "torchao", "torchao")
 
 
 @dataclasses.dataclass(frozen=True)
