@@ -26,7 +26,7 @@ def test_defaults_follow_the_dtype():
     fp32, fp16, bf16 = (default_tolerance(d) for d in (torch.float32, torch.float16, torch.bfloat16))
     assert fp32 == Tolerance(1e-3, 1e-4)
     assert fp16 == Tolerance(1e-2, 1e-2)
-    assert bf16 == Tolerance(2e-2, 2e-2)
+    assert bf16 == Tolerance(5e-2, 5e-2)
     assert default_tolerance(torch.float64).rtol < fp32.rtol < fp16.rtol < bf16.rtol
     assert default_tolerance(torch.float8_e4m3fn).rtol > bf16.rtol
     assert default_tolerance(torch.complex64) == fp32

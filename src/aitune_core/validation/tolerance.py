@@ -11,7 +11,7 @@ Default tolerances (`default_tolerance(dtype, device)`):
 | float32 (CPU, or CUDA with TF32 off) | 1e-3 | 1e-4 |
 | float32 on CUDA with TF32 allowed | 1e-2 | 1e-3 |
 | float16 | 1e-2 | 1e-2 |
-| bfloat16 | 2e-2 | 2e-2 |
+| bfloat16 | 5e-2 | 5e-2 |
 | float8 (any variant) | 1.25e-1 | 1e-1 |
 | complex | as its real component dtype | |
 | integer, bool | 0 | 0 (exact) |
@@ -27,7 +27,10 @@ Why these values:
   so two TF32 paths differ by a few 1e-3 after many layers.
 - float16: epsilon ~1e-3; fused kernels keep fp32 intermediates where eager rounds after every op, which moves
   outputs by a few ulps per layer. Autocast backends validate fp32 outputs with the autocast dtype's tolerance.
-- bfloat16: epsilon ~8e-3, so one ulp is already up to 0.8 %.
+- bfloat16: epsilon ~8e-3, so one ulp is already up to 0.8 %, and errors grow with depth: BERT-base (12 layers)
+  under bf16 autocast on an H200 (2026-11-21) put 59 of 3.1M hidden-state elements up to 0.029 away from fp32
+  eager, mostly near zero (relative L2 error 5.6e-3); 2e-2 rejected it, 5e-2 leaves ~1.7x margin while a wrong
+  op or wrong weights still miss by O(1).
 - float8: 2-3 mantissa bits.
 - quantizing backends compare against the un-quantized reference, so they get `quantized_tolerance`.
 
@@ -82,7 +85,7 @@ _FLOAT_DEFAULTS: dict[torch.dtype, Tolerance] = {
     torch.float64: Tolerance(1e-5, 1e-6),
     torch.float32: Tolerance(1e-3, 1e-4),
     torch.float16: Tolerance(1e-2, 1e-2),
-    torch.bfloat16: Tolerance(2e-2, 2e-2),
+    torch.bfloat16: Tolerance(5e-2, 5e-2),
 }
 TF32_TOLERANCE = Tolerance(1e-2, 1e-3)
 FLOAT8_TOLERANCE = Tolerance(1.25e-1, 1e-1)
