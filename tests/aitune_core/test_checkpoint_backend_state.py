@@ -98,3 +98,28 @@ def test_missing_artifact_fails_the_save(tmp_path):
 def test_unknown_backend_type(tmp_path):
     with pytest.raises(CheckpointError, match=r"unknown backend.*NoSuchBackend"):
         resolve_backend_class("NoSuchBackend")
+
+
+class _PathOnlyBackend(Backend):
+    """A backend whose whole state is JSON plus one artifact: unpacking it needs no torch.load."""
+
+    def _build(self, module, graph_spec, data, cache_dir):
+        self.engine = cache_dir / "engine.bin"
+        self.engine.write_bytes(b"engine")
+
+    def _extra_state(self):
+        return {"engine": self.engine}
+
+    def _infer(self, x):
+        return x
+
+
+def test_unpack_refuses_an_unverified_checkpoint(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    backend = _PathOnlyBackend().build(torch.nn.Identity(), None, [], torch.device("cpu"), cache)
+    ckpt, entry = _save(tmp_path, backend)
+    assert entry["state_file"] is None  # nothing for load_torch's own verify() check to catch
+    (ckpt / "b/artifacts/engine.bin").write_bytes(b"tampered")
+    with pytest.raises(CheckpointError, match="verify"):
+        unpack_backend_state(entry, CheckpointReader(ckpt))

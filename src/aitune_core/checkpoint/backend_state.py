@@ -81,6 +81,8 @@ def unpack_backend_state(entry: dict[str, Any], reader: CheckpointReader) -> dic
     """Rebuild the `to_dict()` value of a backend entry; the reader must have verified the checkpoint."""
     if not isinstance(entry, dict) or "state" not in entry or "type" not in entry:
         raise CheckpointError(f"checkpoint {reader.path}: malformed backend entry in the manifest")
+    if not reader.verified:  # artifact paths go straight to engine/model loaders: never hand out unchecked files
+        raise CheckpointError(f"checkpoint {reader.path}: verify() the checkpoint before unpacking backend states")
     side: dict[str, Any] = {}
     if entry.get("state_file"):
         side = reader.load_torch(entry["state_file"], weights_only=False)

@@ -287,6 +287,11 @@ class CheckpointReader:
     def files(self) -> dict[str, dict[str, Any]]:
         return dict(self._files)
 
+    @property
+    def verified(self) -> bool:
+        """True once `verify()` passed: only then may files (or artifact paths) be handed to loaders."""
+        return self._verified
+
     def verify(self) -> None:
         """Check that every indexed file exists and matches its sha256 (before anything is deserialized)."""
         for rel, info in self._files.items():
