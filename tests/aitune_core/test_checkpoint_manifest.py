@@ -51,6 +51,19 @@ def test_refuses_to_overwrite_a_folder_that_is_not_a_checkpoint(tmp_path):
         CheckpointWriter(tmp_path / "data")
 
 
+def test_refuses_to_overwrite_a_folder_whose_manifest_json_is_not_ours(tmp_path):
+    # manifest.json is a common name (web apps, other tools): its presence alone must not let a save delete the folder
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / MANIFEST_FILE).write_text('{"name": "my web app"}')
+    (tmp_path / "app" / "precious.txt").write_text("x")
+    with pytest.raises(CheckpointError, match="not an aitune checkpoint"):
+        CheckpointWriter(tmp_path / "app")
+    (tmp_path / "app" / MANIFEST_FILE).write_text("not json")
+    with pytest.raises(CheckpointError, match="not an aitune checkpoint"):
+        CheckpointWriter(tmp_path / "app")
+    assert (tmp_path / "app" / "precious.txt").read_text() == "x"
+
+
 def test_missing_or_corrupt_manifest(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         CheckpointReader(tmp_path / "nope")

@@ -103,6 +103,16 @@ def _check_relative(rel: str) -> str:
     return pure.as_posix()
 
 
+def _is_checkpoint_folder(path: Path) -> bool:
+    """True when `path` holds an aitune manifest (a `manifest.json` of another tool does not count: commit deletes
+    the folder it replaces)."""
+    try:
+        manifest = json.loads((path / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT_NAME
+
+
 class CheckpointWriter:
     """Builds a checkpoint in a temporary folder; `commit(manifest)` moves it to `path` atomically.
 
@@ -114,10 +124,10 @@ class CheckpointWriter:
         self.path = Path(path).expanduser().absolute()
         if self.path.exists() and not self.path.is_dir():
             raise CheckpointError(f"cannot save a checkpoint to {self.path}: it exists and is not a folder")
-        if self.path.is_dir() and any(self.path.iterdir()) and not (self.path / MANIFEST_FILE).is_file():
+        if self.path.is_dir() and any(self.path.iterdir()) and not _is_checkpoint_folder(self.path):
             raise CheckpointError(
                 f"cannot save a checkpoint to {self.path}: the folder is not empty and is not an aitune checkpoint "
-                f"(no {MANIFEST_FILE}); choose an empty or new folder"
+                f"(no aitune {MANIFEST_FILE}); choose an empty or new folder"
             )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent))
