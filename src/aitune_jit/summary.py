@@ -33,14 +33,15 @@ class TunedRecord:
 
 
 _lock = threading.Lock()
-_records: dict[str, TunedRecord] = {}
+#: keyed by node identity: two models of one class (same path) tuned in one process are two entries
+_records: dict[int, TunedRecord] = {}
 _registered = False
 
 
 def record_tuned(node: PatchedModule) -> None:
     """Remember a tuned node (by value: the summary must not keep the model alive)."""
     with _lock:
-        _records[node.path] = TunedRecord(
+        _records[id(node)] = TunedRecord(
             node.path, node.short, node.level, [b.describe() for b in node.backends], node.speedup
         )
 

@@ -222,6 +222,18 @@ def test_summary_lines_name_tuned_modules_and_backends():
     assert lines[1] == "  🎯 MLP (MLP 📊2.4K, level 0): TorchEagerBackend() (speed not measured)"
 
 
+def test_summary_counts_two_tuned_models_of_one_class_twice():
+    _fake_backends(CountingBackend())
+    first, second = make_mlp(seed=1), make_mlp(seed=2)  # same class: both roots have the path "MLP"
+    enable()
+    run(first, [2, 3])
+    run(second, [2, 3])
+    assert PatchedModule.of(first).state is PatchedModule.of(second).state is NodeState.TUNED
+    lines = summary.summary_lines()
+    assert lines[0].startswith("aitune JIT tuning summary: 2 module(s) tuned"), lines
+    assert len([line for line in lines if "🎯 MLP " in line]) == 2
+
+
 def test_summary_is_logged_once_at_warning(caplog):
     _fake_backends(TorchEagerBackend())
     enable()
