@@ -558,7 +558,10 @@ class PatchedModule:
         )
         _logger.debug("Backend failure in %s", self.path, exc_info=True)
         if self._entries:
+            from aitune_jit import summary
+
             self._dispatcher = GraphDispatcher(self._entries, self._fallback, self.path)
+            summary.record_tuned(self)  # the backends that are left
         else:
             self.go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
 
@@ -589,6 +592,9 @@ class PatchedModule:
         self.descend = reopen
         self.state = NodeState.EAGER
         self._log(f"{self.short} stays eager: {reason}", logging.INFO)
+        from aitune_jit import summary
+
+        summary.forget(self)
         if reopen and self.is_open:
             self._open_children()
 

@@ -46,6 +46,12 @@ def record_tuned(node: PatchedModule) -> None:
         )
 
 
+def forget(node: PatchedModule) -> None:
+    """A tuned node that went eager (its backends failed at run time) is no longer reported as tuned."""
+    with _lock:
+        _records.pop(id(node), None)
+
+
 def summary_lines() -> list[str]:
     from aitune_jit.patched_module import PatchedModule
 

@@ -195,6 +195,9 @@ def test_backend_failing_at_run_time_falls_back_to_eager():
     node = PatchedModule.of(model)
     assert node.state is NodeState.EAGER and "failed at run time" in node.reason
     assert set(states(model).values()) == {"eager", "detached"}  # the subtree stays detached
+    lines = summary.summary_lines()  # no longer counted as tuned, only as eager
+    assert lines[0].startswith("aitune JIT tuning summary: 0 module(s) tuned"), lines
+    assert not any("🎯" in line for line in lines), lines
 
 
 def test_errors_of_the_users_forward_propagate_unchanged():
