@@ -94,3 +94,25 @@ def test_accepts_is_cheap(calls):
         spec.accepts((x,), {"mode": "sum"})
     per_call = (time.perf_counter() - start) / calls
     assert per_call < 200e-6, f"accepts took {per_call * 1e6:.1f}us per call"
+
+
+def test_positional_fast_path_keeps_every_check():
+    """After a plain `module(x, y)` call is accepted, later such calls skip binding but not the checks."""
+
+    def forward(x, y, scale=1.0):
+        return x * scale + y
+
+    recorder = GraphRecorder(forward)
+    for batch in (1, 4):
+        recorder.record((torch.randn(batch, 8), torch.randn(batch, 8)), {}, None, batch_size=batch)
+    (spec,) = recorder.graph_specs
+    assert spec.accepts((torch.randn(2, 8), torch.randn(2, 8)), {})  # learns the positional arity
+    assert spec._positional_arity == 2
+    assert spec.accepts((torch.randn(3, 8), torch.randn(3, 8)), {})
+    assert not spec.accepts((torch.randn(5, 8), torch.randn(5, 8)), {})  # batch above max
+    assert not spec.accepts((torch.randn(2, 9), torch.randn(2, 8)), {})  # static axis differs
+    assert not spec.accepts((torch.randn(2, 8, 1), torch.randn(2, 8)), {})  # rank
+    assert not spec.accepts((torch.randn(2, 8), torch.randn(2, 8, dtype=torch.float64)), {})  # dtype
+    assert not spec.accepts((torch.randn(2, 8), [torch.randn(2, 8)]), {})  # a container is not a tensor leaf
+    assert not spec.accepts((torch.randn(2, 8), torch.randn(2, 8), 2.0), {})  # different set of arguments
+    assert spec.accepts((torch.randn(2, 8),), {"y": torch.randn(2, 8)})  # keyword form takes the full check

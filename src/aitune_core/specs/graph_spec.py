@@ -40,6 +40,9 @@ class GraphSpec:
     strict: bool = True
     _tensor_checks: tuple[_TensorCheck, ...] = field(init=False, repr=False, compare=False, hash=False)
     _const_checks: tuple[tuple[int, Any], ...] = field(init=False, repr=False, compare=False, hash=False)
+    # arity of calls whose bound leaves are exactly their positional tensors, learned from the first such
+    # accepted call: those calls skip binding and flattening (see `accepts`)
+    _positional_arity: int | None = field(init=False, repr=False, compare=False, hash=False, default=None)
 
     def __post_init__(self) -> None:
         # Precompute everything `accepts` needs so the dispatch hot path does no spec walking.
@@ -65,8 +68,14 @@ class GraphSpec:
         """True when the call belongs to this graph and every tensor axis lies within its recorded range.
 
         Static axes must be equal; batch and dynamic axes must lie in [min, max]. Cheap: one bind, one
-        flatten, then integer comparisons against precomputed bounds.
+        flatten, then integer comparisons against precomputed bounds. Calls made of plain positional tensors
+        only (the common `module(x)`), once one such call was accepted, skip the bind and the flatten: with
+        the same arity and every argument a tensor leaf, binding yields the same layout, so only the tensor
+        checks can differ.
         """
+        arity = self._positional_arity
+        if arity is not None and not kwargs and len(args) == arity and all(type(a) is torch.Tensor for a in args):
+            return self._tensor_mismatch(args, explain=False) is None
         return self._check(args, kwargs, explain=False) is None
 
     def mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
@@ -81,6 +90,22 @@ class GraphSpec:
         leaves, treedef = flatten_values(bound)
         if treedef != self.input_spec.structure:
             return f"argument structure {treedef!r} differs from {self.input_spec.structure!r}" if explain else "tree"
+        mismatch = self._tensor_mismatch(leaves, explain=explain)
+        if mismatch is not None:
+            return mismatch
+        for index, key in self._const_checks:
+            if constant_key(leaves[index]) != key:
+                return f"non-tensor argument at leaf {index} differs (strict mode)" if explain else "const"
+        if (
+            self._positional_arity is None
+            and not kwargs
+            and len(leaves) == len(args)
+            and all(leaf is arg and type(arg) is torch.Tensor for leaf, arg in zip(leaves, args))
+        ):
+            object.__setattr__(self, "_positional_arity", len(args))
+        return None
+
+    def _tensor_mismatch(self, leaves: Sequence[Any], *, explain: bool) -> str | None:
         for index, ndim, dtype, lo, hi in self._tensor_checks:
             tensor = leaves[index]
             if tensor.dtype != dtype or tensor.dim() != ndim:
@@ -100,9 +125,6 @@ class GraphSpec:
                         f"{spec.name}: shape {list(tensor.shape)} is outside the tuned range "
                         f"{list(spec.min_shape)}..{list(spec.max_shape)}"
                     )
-        for index, key in self._const_checks:
-            if constant_key(leaves[index]) != key:
-                return f"non-tensor argument at leaf {index} differs (strict mode)" if explain else "const"
         return None
 
     def _spec_at(self, leaf_index: int) -> Any:
