@@ -12,6 +12,10 @@ The difference between the last two is aitune's per-call dispatch cost; between 
 
     python benchmarks/tuned_call_overhead.py --model resnet50 --batches 1 32          # GPU
     python benchmarks/tuned_call_overhead.py --model tiny_resnet --batches 1 --device cpu
+    python benchmarks/tuned_call_overhead.py --model micro --batches 2 --device cpu --mode default
+
+`micro` is one Linear(8, 8) + ReLU (tuned with `min_parameters=0`): its forward costs microseconds, so the rows
+expose aitune's per-call cost.
 """
 
 from __future__ import annotations
@@ -33,6 +37,23 @@ import models
 import timing
 
 
+class _Micro(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.linear(x))
+
+
+def _build(name: str, batch: int, device: str) -> tuple[torch.nn.Module, models.Batch]:
+    if name == "micro":
+        torch.manual_seed(models.MODEL_SEED)
+        return _Micro().to(device).eval(), models.Batch((torch.randn(batch, 8, device=device),))
+    built = models.build(name, batch)
+    return built.module.to(device).eval(), built.make_inputs(0).to(device)
+
+
 def _median_ms(fn, batch: models.Batch, device: str, iters: int) -> float:
     """Median of `iters` timed synchronous calls after a warm-up (CUDA events on a GPU)."""
     call = models.caller(fn, torch.device(device).type)
@@ -48,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--mode", default="reduce-overhead")
     parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--settle", type=int, default=20, help="stable calls that end the warm-up")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "tuned_call_overhead.json"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -57,15 +79,15 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     for batch in args.batches:
-        built = models.build(args.model, batch)
-        base = built.module.to(args.device).eval()
-        x = built.make_inputs(0).to(args.device)
+        base, x = _build(args.model, batch, args.device)
         row: dict[str, float | int | str] = {"model": args.model, "batch": batch}
         row["eager_ms"] = _median_ms(base, x, args.device, args.iters)
         compiled = torch.compile(copy.deepcopy(base), mode=None if args.mode == "default" else args.mode)
         row[f"compile_{args.mode}_ms"] = _median_ms(compiled, x, args.device, args.iters)
 
         jit_config.device = args.device
+        if args.model == "micro":
+            jit_config.min_parameters = 0  # 72 parameters: below the default threshold on purpose
         jit.enable()
         try:
             tuned = copy.deepcopy(base)
