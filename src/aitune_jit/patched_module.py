@@ -193,6 +193,9 @@ class PatchedModule:
             if parent is None:
                 PatchedModule._roots.append(weakref.ref(self))
             else:
+                # drop the nodes of children whose module died (e.g. `nn.Softmax()(x)` built inside forward):
+                # otherwise an untuned parent would keep one node per call forever
+                parent.children = [child for child in parent.children if child._module_ref() is not None]
                 parent.children.append(self)
                 parent._quiet = 0
 

@@ -242,3 +242,29 @@ def test_batch_axis_required(eager_backend):
     assert PatchedModule.of(model).state is NodeState.TUNED
     spec = PatchedModule.of(model).dispatcher.entries[0][0]
     assert spec.input_spec.tensors[0].batch_axes() == [0]
+
+
+class _BuildsAModulePerCall(torch.nn.Module):
+    """`nn.Softmax(dim=-1)(x)` inline in forward: a new module object on every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.Softmax(dim=-1)(self.fc(x))
+
+
+def test_nodes_of_modules_that_died_are_not_kept():
+    """An untuned node whose forward builds a module per call must not keep one child node per call forever
+    (a leak in a long-running program)."""
+    jit_config.skip_modules = ["_BuildsAModulePerCall"]  # the root stays SKIPPED, its children are seen
+    model = _BuildsAModulePerCall().eval()
+    enable()
+    with torch.no_grad():
+        for _ in range(50):
+            model(torch.randn(2, 8))
+    root = PatchedModule.of(model)
+    assert root.state is NodeState.SKIPPED
+    assert len(root.children) <= 3, [child.path for child in root.children]
+    assert root.children[0].path == "_BuildsAModulePerCall.fc"
