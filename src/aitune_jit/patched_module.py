@@ -191,7 +191,10 @@ class PatchedModule:
         with PatchedModule._registry_lock:
             PatchedModule.nodes_seen += 1
             if parent is None:
-                PatchedModule._roots.append(weakref.ref(self))
+                # dead roots go now (a module built per call at top level makes a root per call)
+                roots = [ref for ref in PatchedModule._roots if ref() is not None]
+                roots.append(weakref.ref(self))
+                PatchedModule._roots = roots
             else:
                 # drop the nodes of children whose module died (e.g. `nn.Softmax()(x)` built inside forward):
                 # otherwise an untuned parent would keep one node per call forever

@@ -268,3 +268,13 @@ def test_nodes_of_modules_that_died_are_not_kept():
     assert root.state is NodeState.SKIPPED
     assert len(root.children) <= 3, [child.path for child in root.children]
     assert root.children[0].path == "_BuildsAModulePerCall.fc"
+
+
+def test_roots_of_modules_that_died_are_not_kept():
+    """A serving loop that post-processes with `nn.Softmax(dim=-1)(logits)` makes a new root per call: the
+    registry of roots must not grow with every call."""
+    enable()
+    with torch.no_grad():
+        for _ in range(50):
+            torch.nn.Softmax(dim=-1)(torch.randn(2, 8))
+    assert len(PatchedModule._roots) <= 3
