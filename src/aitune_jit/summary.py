@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import logging
 import os
 import sys
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 from aitune_jit.state import NodeState
@@ -33,15 +35,27 @@ class TunedRecord:
 
 
 _lock = threading.Lock()
-#: keyed by node identity: two models of one class (same path) tuned in one process are two entries
+#: keyed by a serial number per node (not the path: two models of one class have the same path; not id():
+#: the address of a node whose module died is reused by later nodes)
 _records: dict[int, TunedRecord] = {}
+_keys: weakref.WeakKeyDictionary[PatchedModule, int] = weakref.WeakKeyDictionary()
+_serial = itertools.count()
+
+
+def _key(node: PatchedModule) -> int:
+    key = _keys.get(node)
+    if key is None:
+        key = _keys[node] = next(_serial)
+    return key
+
+
 _registered = False
 
 
 def record_tuned(node: PatchedModule) -> None:
     """Remember a tuned node (by value: the summary must not keep the model alive)."""
     with _lock:
-        _records[id(node)] = TunedRecord(
+        _records[_key(node)] = TunedRecord(
             node.path, node.short, node.level, [b.describe() for b in node.backends], node.speedup
         )
 
@@ -49,7 +63,9 @@ def record_tuned(node: PatchedModule) -> None:
 def forget(node: PatchedModule) -> None:
     """A tuned node that went eager (its backends failed at run time) is no longer reported as tuned."""
     with _lock:
-        _records.pop(id(node), None)
+        key = _keys.get(node)
+        if key is not None:
+            _records.pop(key, None)
 
 
 def summary_lines() -> list[str]:

@@ -237,6 +237,23 @@ def test_summary_counts_two_tuned_models_of_one_class_twice():
     assert len([line for line in lines if "🎯 MLP " in line]) == 2
 
 
+def test_summary_keeps_a_tuned_node_when_a_later_node_reuses_its_address(monkeypatch):
+    """Nodes of modules that died are freed and their address can be reused by a new node: the summary must
+    not mistake the new node for the old one (simulated here by an id() that is the same for every node)."""
+    monkeypatch.setattr(summary, "id", lambda obj: 0, raising=False)
+    _fake_backends(CountingBackend())
+    tuned = make_mlp(seed=1)
+    enable()
+    run(tuned, [2, 3])
+    jit_config.backends = [RaisingBackend()]
+    failed = make_mlp(seed=2)
+    run(failed, [2, 3])
+    assert PatchedModule.of(tuned).state is NodeState.TUNED
+    assert PatchedModule.of(failed).state is NodeState.EAGER
+    lines = summary.summary_lines()
+    assert lines[0].startswith("aitune JIT tuning summary: 1 module(s) tuned"), lines
+
+
 def test_summary_is_logged_once_at_warning(caplog):
     _fake_backends(TorchEagerBackend())
     enable()
