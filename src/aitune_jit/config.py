@@ -29,6 +29,7 @@ when the process starts, e.g. `AITUNE_JIT_MIN_SAMPLES=3`, `AITUNE_JIT_BACKENDS=T
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -42,6 +43,8 @@ from aitune_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from aitune_core.strategies.strategy import TuneStrategy
+
+_logger = logging.getLogger("aitune.jit")
 
 CACHE_DIR_ENV = "AITUNE_JIT_CACHE_DIR"
 ENV_PREFIX = "AITUNE_JIT_"
@@ -257,11 +260,12 @@ class JitConfig:
 
     def _read_env(self) -> None:
         for name, (_validator, _default, parser) in _OPTIONS.items():
-            if parser is None:
-                continue
             variable = ENV_PREFIX + name.upper()
             text = os.environ.get(variable)
             if text is None:
+                continue
+            if parser is None:
+                _logger.warning("%s is ignored: `%s` takes an object; set jit_config.%s in code", variable, name, name)
                 continue
             try:
                 setattr(self, name, parser(text))

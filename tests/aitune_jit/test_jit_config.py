@@ -195,3 +195,11 @@ def test_resolve_strategy(monkeypatch):
     chosen = HighestThroughputStrategy([TorchEagerBackend()])
     jit_config.strategy = chosen
     assert jit_config.resolve_strategy(torch.device("cpu")) is chosen
+
+
+def test_environment_variable_for_an_object_option_is_not_silently_ignored(monkeypatch, caplog):
+    monkeypatch.setenv("AITUNE_JIT_STRATEGY", "HighestThroughputStrategy")
+    with caplog.at_level("WARNING", logger="aitune.jit"):
+        cfg = JitConfig()
+    assert cfg.strategy is None
+    assert "AITUNE_JIT_STRATEGY is ignored" in caplog.text
