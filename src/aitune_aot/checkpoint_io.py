@@ -127,28 +127,31 @@ def _module_entries(reader: CheckpointReader) -> list[dict[str, Any]]:
     return entries
 
 
-def _match(model: Any, entries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Module]]:
-    """Pair each checkpoint entry with a wrapper of the model: same path in the model first, then same name."""
+def _match(model: Any, entries: list[dict[str, Any]]) -> list[tuple[dict[str, Any], Module | torch.nn.Module]]:
+    """Pair each checkpoint entry with a wrapper of the model (same path first, then same name), or with the raw
+    submodule at the saved path when the model was built without wrappers. Nothing is changed here: raw
+    submodules are wrapped by `_install_wrappers` once every check has passed."""
     found = find_modules(model)
     by_path = {path: wrapper for path, wrapper in found}
     by_name = {wrapper.name: wrapper for _, wrapper in found}
-    pairs, missing = [], []
+    pairs: list[tuple[dict[str, Any], Module | torch.nn.Module]] = []
+    missing = []
     for entry in entries:
-        wrapper = by_path.get(entry.get("path")) if entry.get("path") is not None else None
-        wrapper = wrapper or by_name.get(entry["name"])
-        if wrapper is None and isinstance(model, torch.nn.Module) and entry.get("path"):
-            wrapper = _wrap_at_path(model, entry)
-        if wrapper is None:
+        target: Module | torch.nn.Module | None = by_path.get(entry.get("path")) if entry.get("path") else None
+        target = target or by_name.get(entry["name"])
+        if target is None and isinstance(model, torch.nn.Module) and entry.get("path"):
+            target = _raw_at_path(model, entry)
+        if target is None:
             missing.append(entry["name"])
         else:
-            pairs.append((entry, wrapper))
+            pairs.append((entry, target))
     if missing:
         raise CheckpointError(
             f"checkpoint does not match the model: modules {missing} of the checkpoint were not found in the "
             f"model (model has aitune Modules {sorted(by_name) or 'none'}); wrap the same modules with the same "
             "names as when saving"
         )
-    used = {id(w) for _, w in pairs}
+    used = {id(target) for _, target in pairs}
     if len(used) != len(pairs):
         raise CheckpointError("checkpoint does not match the model: two checkpoint modules map to one model module")
     for _, wrapper in found:
@@ -157,19 +160,35 @@ def _match(model: Any, entries: list[dict[str, Any]]) -> list[tuple[dict[str, An
     return pairs
 
 
-def _wrap_at_path(model: torch.nn.Module, entry: dict[str, Any]) -> Module | None:
-    """Wrap the raw submodule at the entry's path (a model built without wrappers) and put the wrapper there."""
+def _raw_at_path(model: torch.nn.Module, entry: dict[str, Any]) -> torch.nn.Module | None:
+    """The unwrapped submodule at the entry's path, when it is of the saved class (a model built without wrappers)."""
     try:
         raw = model.get_submodule(entry["path"])
     except AttributeError:
         return None
     if isinstance(raw, Module) or find_wrapper(raw) is not None or type(raw).__qualname__ != entry.get("class"):
         return None
-    wrapper = Module(raw, entry["name"])
-    parent_path, _, attr = entry["path"].rpartition(".")
-    parent = model.get_submodule(parent_path) if parent_path else model
-    setattr(parent, attr, wrapper)
-    return wrapper
+    return raw
+
+
+def _install_wrappers(
+    model: Any, pairs: list[tuple[dict[str, Any], Module | torch.nn.Module]]
+) -> list[tuple[dict[str, Any], Module]]:
+    """Wrap the raw submodules of `pairs` in place (named as saved); existing wrappers are kept."""
+    installed = []
+    for entry, target in pairs:
+        if not isinstance(target, Module):
+            wrapper = Module(target, entry["name"])
+            parent_path, _, attr = entry["path"].rpartition(".")
+            parent = model.get_submodule(parent_path) if parent_path else model
+            setattr(parent, attr, wrapper)
+            target = wrapper
+        installed.append((entry, target))
+    return installed
+
+
+def _unwrapped(target: Module | torch.nn.Module) -> torch.nn.Module:
+    return target.__wrapped__ if isinstance(target, Module) else target
 
 
 def load(model: Any, path: str | os.PathLike, device: torch.device | str | None = None) -> Any:
@@ -177,7 +196,8 @@ def load(model: Any, path: str | os.PathLike, device: torch.device | str | None 
 
     The model must have the same modules as when saving: either wrapped with the same names (or at the same
     places), or unwrapped torch submodules at the saved paths (they get wrapped). Backends are deployed on
-    `device` (default: each module's device; when given, the module is moved there).
+    `device` (default: each module's device; when given, the module is moved there). The model is not changed
+    unless the manifest matches it and every checksum verified.
 
     Raises:
         CheckpointError: missing or corrupt manifest, checksum mismatch, a different model, an unknown backend.
@@ -187,13 +207,13 @@ def load(model: Any, path: str | os.PathLike, device: torch.device | str | None 
     names = [entry["name"] for entry in entries]
     if len(set(names)) != len(names):
         raise CheckpointError(f"checkpoint manifest in {reader.path} is corrupt: duplicate module names {names}")
-    pairs = _match(model, entries)
-    for entry, wrapper in pairs:
-        check_module(entry, wrapper.__wrapped__)
+    matched = _match(model, entries)
+    for entry, target in matched:
+        check_module(entry, _unwrapped(target))
     reader.verify()  # every checksum, before any file is deserialized
-    target = torch.device(device) if device is not None else None
-    for entry, wrapper in pairs:
+    target_device = torch.device(device) if device is not None else None
+    for entry, wrapper in _install_wrappers(model, matched):
         load_weights(reader, entry, wrapper.__wrapped__)
-        wrapper._load_backends(lambda module, entry=entry: load_backends(reader, entry, module), target)
+        wrapper._load_backends(lambda module, entry=entry: load_backends(reader, entry, module), target_device)
         _logger.info("Loaded module `%s` from %s (%d graph(s))", wrapper.name, reader.path, len(wrapper.backends))
     return model

@@ -256,3 +256,14 @@ def test_find_modules_in_modules_and_plain_objects():
     found = [(p, m.name) for p, m in find_modules(Pipe())]
     assert found == [("parts.model.encoder", "enc"), ("parts.model.head", "head")]
     assert find_modules(head) == [("", head)]
+
+
+def test_failed_load_into_an_unwrapped_model_leaves_it_unwrapped(saved):
+    ckpt, _ = saved
+    model = build()  # never wrapped: load() would wrap `encoder` and `head` at their saved paths
+    model.head = torch.nn.Identity()  # ...but the head is not the saved one
+    encoder = model.encoder
+    with pytest.raises(CheckpointError, match=r"modules \['head'\] of the checkpoint were not found"):
+        load(model, ckpt)
+    assert model.encoder is encoder and not isinstance(model.encoder, Module)  # nothing was wrapped
+    assert find_modules(model) == []
