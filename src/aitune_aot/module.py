@@ -48,6 +48,7 @@ from aitune_core.config import config
 from aitune_core.log import SEPARATOR, THIN_SEPARATOR, timed
 
 if TYPE_CHECKING:
+    from aitune_core.backends.dispatcher import GraphDispatcher
     from aitune_core.recording.graph_recorder import GraphRecorder
     from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.strategies.strategy import TuneStrategy
@@ -171,7 +172,8 @@ class Module(wrapt.CallableObjectProxy):
         self._self_recorder: GraphRecorder | None = None
         self._self_prev_recorder: GraphRecorder | None = None
         self._self_graphs: list[tuple[GraphSpec, Backend]] = []
-        self._self_dispatcher: Callable[..., Any] | None = None
+        self._self_dispatcher: GraphDispatcher | None = None
+        self._self_backend_failed = False
         self._self_active = False
         self._self_local = threading.local()
         self._self_orig_forward = module.forward
@@ -248,9 +250,34 @@ class Module(wrapt.CallableObjectProxy):
             if not self._self_active:  # deactivated while other modules tune: run eagerly
                 return self._self_orig_forward(*args, **kwargs)
             with _hooks_hidden(self.__wrapped__):  # the caller's __call__ fires them, once
-                return self._self_dispatcher(*args, **kwargs)
+                return self._dispatch(args, kwargs)
         finally:
             local.busy = False
+
+    def _dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the tuned backend; if it raises at run time, warn once and answer with the original forward.
+
+        A call that no tuned graph accepts already runs the original forward, whose own errors are the
+        caller's and propagate unchanged.
+        """
+        dispatcher = self._self_dispatcher
+        try:
+            return dispatcher(*args, **kwargs)
+        except Exception as exc:
+            backend = dispatcher.backend_for(args, kwargs)
+            if backend is None:
+                raise
+            if not self._self_backend_failed:
+                self._self_backend_failed = True
+                _logger.warning(
+                    "Module `%s`: backend %s failed at run time (%s: %s); answering with the original module. "
+                    "This warning is shown once.",
+                    self._self_name,
+                    backend.describe(),
+                    type(exc).__name__,
+                    exc,
+                )
+            return self._self_orig_forward(*args, **kwargs)
 
     # ------------------------------------------------------------------ properties
     @property

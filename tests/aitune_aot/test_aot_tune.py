@@ -225,3 +225,24 @@ def test_to_dict_and_from_dict_roundtrip_in_memory():
     assert CountingBackend.infers == before + 1
     with pytest.raises(ValueError, match="Invalid dictionary format"):
         Module.from_dict(MLP(), {"type": "something else"})
+
+
+def test_backend_failing_at_run_time_answers_with_the_original_module(caplog, monkeypatch):
+    model = build()
+    reference = build()
+    model.encoder = Module(model.encoder, "enc")
+    tune(model, _dataset(), batch_sizes=[1, 4], strategy=_strategy())
+    ((_spec, backend),) = model.encoder.backends
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("engine lost")
+
+    monkeypatch.setattr(backend, "_infer", broken)
+    caplog.set_level(logging.WARNING, logger="aitune")
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(model(x), reference(x))
+    assert caplog.text.count("failed at run time (RuntimeError: engine lost)") == 1
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):  # the caller's own error still reaches the caller
+        model(torch.randn(3, 5))
