@@ -2,11 +2,15 @@
 
 `tune()` drives every registered wrapper, and checkpoints identify wrappers by name, so names must be
 usable as folder names (cache and checkpoint layout) and must not collide. The registry holds weak
-references: a wrapper that the program dropped is not tuned by a later `tune()`.
+references: a wrapper that the program dropped is not tuned by a later `tune()`. A wrapper and its module's
+routed forward refer to each other, so a dropped wrapper lives until the garbage collector runs; a name
+collision therefore runs a collection first, so that re-creating a wrapper (a notebook cell run twice, a test
+after another) gets its name back instead of a `_1` suffix that its checkpoint would then carry.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import threading
@@ -43,6 +47,10 @@ class ModuleRegistry:
 
     def register(self, name: str, module: Module, *, explicit: bool) -> str:
         """Register `module` under `name` or, when taken, under the first free `name_<n>`; returns the name used."""
+        holder = self._modules.get(name)
+        if holder is not None and holder is not module:
+            del holder
+            gc.collect()  # the holder may be a dropped wrapper kept only by its reference cycle
         with self._lock:
             unique = name
             suffix = 0

@@ -30,3 +30,22 @@ def test_names_are_unique_and_weakly_held():
     assert registry.names() == ["m", "m_2"]
     assert registry.register("m", _keep := _Thing(), explicit=True) == "m_1"  # freed names are reused
     assert registry.get("m_1") is _keep
+
+
+def test_a_dropped_wrapper_gives_its_name_back_before_the_garbage_collector_runs():
+    import torch
+
+    from aitune_aot.module import Module
+
+    gc.collect()
+    gc.disable()  # the wrapper <-> routed forward cycle is then freed only by the registry's own collection
+    try:
+        first = Module(torch.nn.Linear(2, 2), "reused")
+        assert first.name == "reused"
+        del first
+        second = Module(torch.nn.Linear(2, 2), "reused")
+        assert second.name == "reused"
+        third = Module(torch.nn.Linear(2, 2), "reused")  # a live holder still forces a suffix
+        assert third.name == "reused_1"
+    finally:
+        gc.enable()
