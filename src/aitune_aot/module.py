@@ -250,34 +250,23 @@ class Module(wrapt.CallableObjectProxy):
             if not self._self_active:  # deactivated while other modules tune: run eagerly
                 return self._self_orig_forward(*args, **kwargs)
             with _hooks_hidden(self.__wrapped__):  # the caller's __call__ fires them, once
-                return self._dispatch(args, kwargs)
+                return self._self_dispatcher(*args, **kwargs)
         finally:
             local.busy = False
 
-    def _dispatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run the tuned backend; if it raises at run time, warn once and answer with the original forward.
-
-        A call that no tuned graph accepts already runs the original forward, whose own errors are the
-        caller's and propagate unchanged.
-        """
-        dispatcher = self._self_dispatcher
-        try:
-            return dispatcher(*args, **kwargs)
-        except Exception as exc:
-            backend = dispatcher.backend_for(args, kwargs)
-            if backend is None:
-                raise
-            if not self._self_backend_failed:
-                self._self_backend_failed = True
-                _logger.warning(
-                    "Module `%s`: backend %s failed at run time (%s: %s); answering with the original module. "
-                    "This warning is shown once.",
-                    self._self_name,
-                    backend.describe(),
-                    type(exc).__name__,
-                    exc,
-                )
-            return self._self_orig_forward(*args, **kwargs)
+    def _backend_failed(self, backend: Backend, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """A tuned backend raised at run time: warn once and answer with the original forward."""
+        if not self._self_backend_failed:
+            self._self_backend_failed = True
+            _logger.warning(
+                "Module `%s`: backend %s failed at run time (%s: %s); answering with the original module. "
+                "This warning is shown once.",
+                self._self_name,
+                backend.describe(),
+                type(exc).__name__,
+                exc,
+            )
+        return self._self_orig_forward(*args, **kwargs)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -502,7 +491,9 @@ class Module(wrapt.CallableObjectProxy):
         from aitune_core.backends.dispatcher import GraphDispatcher
 
         self._self_graphs = list(graphs)
-        self._self_dispatcher = GraphDispatcher(self._self_graphs, self._self_orig_forward, self._self_name)
+        self._self_dispatcher = GraphDispatcher(
+            self._self_graphs, self._self_orig_forward, self._self_name, on_backend_error=self._backend_failed
+        )
         self._self_state = ModuleState.TUNED
         self._self_active = True
 

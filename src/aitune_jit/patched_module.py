@@ -20,7 +20,6 @@ Nothing a node does may change what the program computes: every failure ends in 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import types
@@ -134,7 +133,6 @@ class PatchedModule:
         "_pending",
         "_proxy",
         "_quiet",
-        "_record_lock",
         "_recorder",
         "_saved_forward",
         "_started",
@@ -171,7 +169,6 @@ class PatchedModule:
         self.descend = True  # EAGER / SKIPPED: whether the children may become candidates
         self.reports: list[TuneReport] = []
         self._tune_lock: threading.Lock = parent._tune_lock if parent is not None else threading.Lock()
-        self._record_lock = threading.Lock()
         self._started = False
         self._trainable = False
         self._forward_fn: Callable[..., Any] | None = None
@@ -524,35 +521,21 @@ class PatchedModule:
         state = tls
         state.bypass += 1
         try:
-            try:
-                return dispatcher(*args, **kwargs)  # type: ignore[misc]
-            except Exception as exc:
-                if getattr(exc, "_aitune_jit_fallback", False):
-                    raise  # the original forward raised: the user's error, not ours
-                self._backend_failed(exc, args, kwargs)
-                return self._forward_fn(*args, **kwargs)  # type: ignore[misc]
+            return dispatcher(*args, **kwargs)  # type: ignore[misc]
         finally:
             state.bypass -= 1
 
     def _fallback(self, *args: Any, **kwargs: Any) -> Any:
         """Calls no tuned graph accepts: run the original forward; record them so new graphs get tuned."""
-        try:
-            output = self._forward_fn(*args, **kwargs)  # type: ignore[misc]
-        except Exception as exc:
-            with contextlib.suppress(Exception):  # exceptions without a __dict__
-                exc._aitune_jit_fallback = True  # type: ignore[attr-defined]
-            raise
+        output = self._forward_fn(*args, **kwargs)  # type: ignore[misc]
         if self._recorder is not None:
             self._record(args, kwargs, output)
             if self._pending:
                 self._try_tune()
         return output
 
-    def _backend_failed(self, exc: Exception, args: tuple, kwargs: dict) -> None:
-        from aitune_core.backends.dispatcher import GraphDispatcher
-
-        dispatcher = self._dispatcher
-        backend = dispatcher.backend_for(args, kwargs) if dispatcher is not None else None
+    def _backend_failed(self, backend: Backend, exc: Exception, args: tuple, kwargs: dict) -> Any:
+        """A tuned backend raised at run time: its graphs run eagerly from now on; answer this call eagerly."""
         failed = [(spec, b) for spec, b in self._entries if b is backend]
         self._entries = [(spec, b) for spec, b in self._entries if b is not backend]
         for spec, _b in failed:
@@ -566,20 +549,25 @@ class PatchedModule:
         if self._entries:
             from aitune_jit import summary
 
-            self._dispatcher = GraphDispatcher(self._entries, self._fallback, self.path)
+            self._dispatcher = self._new_dispatcher()
             summary.record_tuned(self)  # the backends that are left
         else:
             self.go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
+        return self._forward_fn(*args, **kwargs)  # type: ignore[misc]
+
+    def _new_dispatcher(self) -> GraphDispatcher:
+        from aitune_core.backends.dispatcher import GraphDispatcher
+
+        return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed)
 
     # ------------------------------------------------------------------------------------------ transitions
     def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
         """Route calls of these graphs through their backends; detach the subtree on the first success."""
-        from aitune_core.backends.dispatcher import GraphDispatcher
         from aitune_jit import summary
 
         self._entries = [*self._entries, *entries]
         self.reports.extend(reports)
-        self._dispatcher = GraphDispatcher(self._entries, self._fallback, self.path)
+        self._dispatcher = self._new_dispatcher()
         if self.state is not NodeState.TUNED:
             self.state = NodeState.TUNED
             self.reason = None

@@ -71,3 +71,29 @@ def test_several_graphs(tmp_path):
     assert dispatcher.backend_for((torch.randn(9, 8),), {}) is None
     dispatcher(torch.randn(3, 8))
     assert calls["backend"] == 1
+
+
+def test_backend_errors_go_to_the_handler_and_fallback_errors_to_the_caller(tmp_path):
+    import pytest
+
+    model, spec, backend, fallback, _calls = _setup(tmp_path)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("engine lost")
+
+    backend._infer = broken
+    seen = []
+
+    def handler(failed, exc, args, kwargs):
+        seen.append((failed, str(exc)))
+        return model(*args, **kwargs)
+
+    x = torch.randn(3, 8)
+    with pytest.raises(RuntimeError, match="engine lost"):  # no handler: the backend's error propagates
+        GraphDispatcher([(spec, backend)], fallback, "mlp")(x)
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", on_backend_error=handler)
+    assert torch.equal(dispatcher(x), model(x))
+    assert seen == [(backend, "engine lost")]
+    with pytest.raises(RuntimeError):  # a call outside the graphs runs the fallback, whose error is the caller's
+        dispatcher(torch.randn(3, 5))
+    assert len(seen) == 1

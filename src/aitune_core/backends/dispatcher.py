@@ -4,6 +4,10 @@ A call goes to the backend of the first GraphSpec that `accepts` it (same argume
 strict-mode constants, and every axis inside the tuned [min, max] range). Otherwise it goes to `fallback` and a
 WARNING is logged naming the module and the offending shapes - once per (module name, reason), where the reason is
 the mismatch text with its numbers removed, so a stream of calls with new sequence lengths does not flood the log.
+
+A backend that raises at run time is the caller's policy (`on_backend_error`: the JIT drops that backend, the AOT
+wrapper warns): the handler gets the backend and the exception and returns the call's answer. Errors of the
+fallback itself (the user's own forward) always propagate.
 """
 
 from __future__ import annotations
@@ -25,11 +29,18 @@ _NUMBERS = re.compile(r"\d+")
 class GraphDispatcher:
     """Callable that runs `backend.infer(*args, **kwargs)` for the graph the call belongs to, else `fallback`."""
 
-    __slots__ = ("_entries", "_fallback", "_single", "_warned", "misses", "name")
+    __slots__ = ("_entries", "_fallback", "_on_backend_error", "_single", "_warned", "misses", "name")
 
-    def __init__(self, entries: Sequence[tuple[GraphSpec, Backend]], fallback: Callable[..., Any], name: str) -> None:
+    def __init__(
+        self,
+        entries: Sequence[tuple[GraphSpec, Backend]],
+        fallback: Callable[..., Any],
+        name: str,
+        on_backend_error: Callable[[Backend, Exception, tuple[Any, ...], dict[str, Any]], Any] | None = None,
+    ) -> None:
         self._entries: tuple[tuple[GraphSpec, Backend], ...] = tuple(entries)
         self._fallback = fallback
+        self._on_backend_error = on_backend_error
         self._single = self._entries[0] if len(self._entries) == 1 else None
         self._warned: set[tuple[str, str]] = set()
         self.misses = 0  # calls that went to the fallback
@@ -54,13 +65,21 @@ class GraphDispatcher:
         single = self._single
         if single is not None:
             if single[0].accepts(args, kwargs):
-                return single[1].infer(*args, **kwargs)
+                return self._run(single[1], args, kwargs)
         else:
             for spec, backend in self._entries:
                 if spec.accepts(args, kwargs):
-                    return backend.infer(*args, **kwargs)
+                    return self._run(backend, args, kwargs)
         self._missed(args, kwargs)
         return self._fallback(*args, **kwargs)
+
+    def _run(self, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._on_backend_error is None:
+            return backend.infer(*args, **kwargs)
+        try:
+            return backend.infer(*args, **kwargs)
+        except Exception as exc:
+            return self._on_backend_error(backend, exc, args, kwargs)
 
     # ------------------------------------------------------------------ slow path
     def _missed(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
