@@ -106,8 +106,8 @@ def test_positional_fast_path_keeps_every_check():
     for batch in (1, 4):
         recorder.record((torch.randn(batch, 8), torch.randn(batch, 8)), {}, None, batch_size=batch)
     (spec,) = recorder.graph_specs
-    assert spec.accepts((torch.randn(2, 8), torch.randn(2, 8)), {})  # learns the positional arity
-    assert spec._positional_arity == 2
+    assert spec.accepts((torch.randn(2, 8), torch.randn(2, 8)), {})  # learns the layout
+    assert spec._fast_layouts == {(2, ()): (0, 1)}
     assert spec.accepts((torch.randn(3, 8), torch.randn(3, 8)), {})
     assert not spec.accepts((torch.randn(5, 8), torch.randn(5, 8)), {})  # batch above max
     assert not spec.accepts((torch.randn(2, 9), torch.randn(2, 8)), {})  # static axis differs
@@ -116,3 +116,46 @@ def test_positional_fast_path_keeps_every_check():
     assert not spec.accepts((torch.randn(2, 8), [torch.randn(2, 8)]), {})  # a container is not a tensor leaf
     assert not spec.accepts((torch.randn(2, 8), torch.randn(2, 8), 2.0), {})  # different set of arguments
     assert spec.accepts((torch.randn(2, 8),), {"y": torch.randn(2, 8)})  # keyword form takes the full check
+
+
+def test_keyword_fast_path_keeps_every_check():
+    """`model(input_ids=..., attention_mask=...)`: after one accepted call, later ones skip binding, not checks."""
+
+    def forward(input_ids, attention_mask=None, token_type_ids=None, output_attentions=False):
+        return input_ids
+
+    recorder = GraphRecorder(forward)
+    for batch in (1, 4):
+        ids = torch.randint(0, 9, (batch, 16))
+        recorder.record((), {"input_ids": ids, "attention_mask": torch.ones(batch, 16)}, None, batch_size=batch)
+    (spec,) = recorder.graph_specs
+
+    def call(ids, mask):
+        return spec.accepts((), {"input_ids": ids, "attention_mask": mask})
+
+    assert call(torch.randint(0, 9, (2, 16)), torch.ones(2, 16))
+    assert spec._fast_layouts == {(0, ("input_ids", "attention_mask")): ("input_ids", "attention_mask")}
+    assert call(torch.randint(0, 9, (3, 16)), torch.ones(3, 16))
+    assert not call(torch.randint(0, 9, (5, 16)), torch.ones(5, 16))  # batch above max
+    assert not call(torch.randint(0, 9, (2, 16)), torch.ones(2, 17))  # static axis of the second tensor
+    assert not call(torch.ones(2, 16), torch.ones(2, 16))  # dtype of the first
+    assert not call(torch.randint(0, 9, (2, 16)), None)  # not a tensor: full check, different graph
+    # the same tensors in the other keyword order are a layout of their own, checked in full the first time
+    mask, ids = torch.ones(2, 16), torch.randint(0, 9, (2, 16))
+    assert spec.accepts((), {"attention_mask": mask, "input_ids": ids})
+    assert spec._fast_layouts[(0, ("attention_mask", "input_ids"))] == ("input_ids", "attention_mask")
+    assert not spec.accepts((), {"attention_mask": ids, "input_ids": mask})  # swapped values: dtypes differ
+    # a non-tensor passed explicitly is a different (strict) graph even with tensor-only layouts learned
+    assert not spec.accepts((), {"input_ids": ids, "attention_mask": mask, "output_attentions": True})
+
+
+def test_fast_path_not_learned_for_a_tensor_passed_twice():
+    def forward(x, y):
+        return x + y
+
+    recorder = GraphRecorder(forward)
+    recorder.record((torch.randn(2, 8), torch.randn(2, 8)), {}, None, batch_size=2)
+    (spec,) = recorder.graph_specs
+    x = torch.randn(2, 8)
+    assert spec.accepts((x, x), {})
+    assert spec._fast_layouts == {}

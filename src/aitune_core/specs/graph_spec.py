@@ -40,9 +40,12 @@ class GraphSpec:
     strict: bool = True
     _tensor_checks: tuple[_TensorCheck, ...] = field(init=False, repr=False, compare=False, hash=False)
     _const_checks: tuple[tuple[int, Any], ...] = field(init=False, repr=False, compare=False, hash=False)
-    # arity of calls whose bound leaves are exactly their positional tensors, learned from the first such
-    # accepted call: those calls skip binding and flattening (see `accepts`)
-    _positional_arity: int | None = field(init=False, repr=False, compare=False, hash=False, default=None)
+    # call layouts (positional arity, keyword names in order) of accepted calls made only of plain tensors,
+    # mapped to where each checked input tensor sits in such a call: later calls with the same layout skip
+    # binding and flattening (see `accepts`)
+    _fast_layouts: dict[tuple[int, tuple[str, ...]], tuple[int | str, ...]] = field(
+        init=False, repr=False, compare=False, hash=False, default_factory=dict
+    )
 
     def __post_init__(self) -> None:
         # Precompute everything `accepts` needs so the dispatch hot path does no spec walking.
@@ -68,14 +71,22 @@ class GraphSpec:
         """True when the call belongs to this graph and every tensor axis lies within its recorded range.
 
         Static axes must be equal; batch and dynamic axes must lie in [min, max]. Cheap: one bind, one
-        flatten, then integer comparisons against precomputed bounds. Calls made of plain positional tensors
-        only (the common `module(x)`), once one such call was accepted, skip the bind and the flatten: with
-        the same arity and every argument a tensor leaf, binding yields the same layout, so only the tensor
-        checks can differ.
+        flatten, then integer comparisons against precomputed bounds. A call made only of plain tensors
+        (`module(x)`, `model(input_ids=..., attention_mask=...)`) whose layout - positional arity and keyword
+        names in order - was seen in an accepted call before skips the bind and the flatten: binding such a
+        call always yields the same tree with the same tensors in the same places (every other leaf comes
+        from forward's defaults), so only the tensor checks can differ.
         """
-        arity = self._positional_arity
-        if arity is not None and not kwargs and len(args) == arity and all(type(a) is torch.Tensor for a in args):
-            return self._tensor_mismatch(args, explain=False) is None
+        layouts = self._fast_layouts
+        if layouts:
+            layout = layouts.get((len(args), tuple(kwargs)))
+            if (
+                layout is not None
+                and all(type(a) is torch.Tensor for a in args)
+                and all(type(v) is torch.Tensor for v in kwargs.values())
+            ):
+                tensors = [args[s] if type(s) is int else kwargs[s] for s in layout]  # type: ignore[index]
+                return self._tensor_mismatch(tensors, explain=False) is None
         return self._check(args, kwargs, explain=False) is None
 
     def mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
@@ -90,28 +101,43 @@ class GraphSpec:
         leaves, treedef = flatten_values(bound)
         if treedef != self.input_spec.structure:
             return f"argument structure {treedef!r} differs from {self.input_spec.structure!r}" if explain else "tree"
-        mismatch = self._tensor_mismatch(leaves, explain=explain)
+        tensors = [leaves[check[0]] for check in self._tensor_checks]
+        mismatch = self._tensor_mismatch(tensors, explain=explain)
         if mismatch is not None:
             return mismatch
         for index, key in self._const_checks:
             if constant_key(leaves[index]) != key:
                 return f"non-tensor argument at leaf {index} differs (strict mode)" if explain else "const"
-        if (
-            self._positional_arity is None
-            and not kwargs
-            and len(leaves) == len(args)
-            and all(leaf is arg and type(arg) is torch.Tensor for leaf, arg in zip(leaves, args))
-        ):
-            object.__setattr__(self, "_positional_arity", len(args))
+        self._learn_layout(args, kwargs, tensors)
         return None
 
-    def _tensor_mismatch(self, leaves: Sequence[Any], *, explain: bool) -> str | None:
-        for index, ndim, dtype, lo, hi in self._tensor_checks:
-            tensor = leaves[index]
+    def _learn_layout(self, args: Sequence[Any], kwargs: Mapping[str, Any], tensors: list[Any]) -> None:
+        """Remember where the checked tensors of an accepted all-tensor call sit, for `accepts`' fast path."""
+        key = (len(args), tuple(kwargs))
+        if key in self._fast_layouts or len(args) + len(kwargs) != len(tensors):
+            return
+        sources: dict[int, int | str] = {}
+        for position, value in enumerate(args):
+            if type(value) is not torch.Tensor:
+                return
+            sources.setdefault(id(value), position)
+        for name, value in kwargs.items():
+            if type(value) is not torch.Tensor:
+                return
+            sources.setdefault(id(value), name)
+        if len(sources) != len(tensors):
+            return  # one tensor passed twice: positions would be ambiguous
+        layout = tuple(sources.get(id(t)) for t in tensors)
+        if None not in layout:
+            self._fast_layouts[key] = layout  # type: ignore[assignment]
+
+    def _tensor_mismatch(self, tensors: Sequence[Any], *, explain: bool) -> str | None:
+        """Check the input tensors, given in `input_spec.tensors` order, against their recorded ranges."""
+        for position, (tensor, (_index, ndim, dtype, lo, hi)) in enumerate(zip(tensors, self._tensor_checks)):
             if tensor.dtype != dtype or tensor.dim() != ndim:
                 if not explain:
                     return "tensor"
-                spec = self._spec_at(index)
+                spec = self.input_spec.tensors[position]
                 return (
                     f"{spec.name}: dtype/rank {tensor.dtype}/{tensor.dim()} differs from "
                     f"{dtype}/{ndim}"
@@ -120,18 +146,12 @@ class GraphSpec:
                 if size < low or size > high:
                     if not explain:
                         return "shape"
-                    spec = self._spec_at(index)
+                    spec = self.input_spec.tensors[position]
                     return (
                         f"{spec.name}: shape {list(tensor.shape)} is outside the tuned range "
                         f"{list(spec.min_shape)}..{list(spec.max_shape)}"
                     )
         return None
-
-    def _spec_at(self, leaf_index: int) -> Any:
-        for position, check in enumerate(self._tensor_checks):
-            if check[0] == leaf_index:
-                return self.input_spec.tensors[position]
-        raise IndexError(leaf_index)
 
     # -- convenience ----------------------------------------------------------------------------
     def non_static_axes(self) -> dict[str, list[int]]:
