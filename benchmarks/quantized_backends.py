@@ -12,8 +12,9 @@ with the quantized tolerance):
   the speed-up of compiling (omit with `--no-inductor`);
 - `torchao:int8-weight-only`: `TorchAOBackend(Int8WeightOnlyConfig())`;
 - `torchao:int8-dynamic`: `TorchAOBackend(Int8DynamicActivationInt8WeightConfig())`;
-- `torchao:float8-dynamic`: `TorchAOBackend(Float8DynamicActivationFloat8WeightConfig())`, only on a CUDA device of
-  compute capability >= 8.9 (otherwise the row says why it was skipped).
+- `torchao:float8-dynamic`: `TorchAOBackend(Float8DynamicActivationFloat8WeightConfig())` (one scale per tensor),
+  and `torchao:float8-dynamic-row` with `granularity=PerRow()` (one scale per row: finer, so more accurate), only on
+  a CUDA device of compute capability >= 8.9 (otherwise the row says why it was skipped).
 
 TorchAO backends compile the quantized copy with Inductor (`compile=True`, the backend default) unless
 `--no-compile`. A candidate the validation rejects is reported as `rejected` with the error, and is not timed.
@@ -64,7 +65,8 @@ from aitune_core.strategies.one_backend import OneBackendStrategy  # noqa: E402
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 GPU_MODELS = ("resnet50", "bert_base")
 TINY_MODELS = ("tiny_resnet", "tiny_bert")
-TORCHAO_CONTENDERS = ("torchao:int8-weight-only", "torchao:int8-dynamic", "torchao:float8-dynamic")
+TORCHAO_CONTENDERS = ("torchao:int8-weight-only", "torchao:int8-dynamic", "torchao:float8-dynamic",
+                      "torchao:float8-dynamic-row")
 PACKAGES = ("torch", "torchao", "transformers", "timm", "torchvision")
 
 
@@ -75,6 +77,7 @@ def torchao_config(contender: str) -> Any:
         "torchao:int8-weight-only": q.Int8WeightOnlyConfig,
         "torchao:int8-dynamic": q.Int8DynamicActivationInt8WeightConfig,
         "torchao:float8-dynamic": q.Float8DynamicActivationFloat8WeightConfig,
+        "torchao:float8-dynamic-row": lambda: q.Float8DynamicActivationFloat8WeightConfig(granularity=q.PerRow()),
     }[contender]()
 
 
@@ -85,7 +88,7 @@ def skip_reason(contender: str, device: torch.device) -> str | None:
             import torchao  # noqa: F401
         except ImportError:
             return "torchao is not installed"
-    if contender == "torchao:float8-dynamic":
+    if contender.startswith("torchao:float8"):
         if device.type != "cuda":
             return "float8 needs a CUDA device"
         capability = torch.cuda.get_device_capability(device)

@@ -17,6 +17,15 @@ def test_float8_is_skipped_without_a_capable_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert qb.skip_reason("torchao:float8-dynamic", torch.device("cuda")) is None
     assert qb.skip_reason("torchao:int8-weight-only", torch.device("cpu")) is None
+    assert qb.skip_reason("torchao:float8-dynamic-row", torch.device("cpu")) == "float8 needs a CUDA device"
+
+
+def test_every_torchao_contender_has_a_config():
+    from torchao.quantization import PerRow
+
+    for contender in qb.TORCHAO_CONTENDERS:
+        assert qb.torchao_config(contender) is not None
+    assert isinstance(qb.torchao_config("torchao:float8-dynamic-row").granularity[0], PerRow)
 
 
 def test_errors_are_relative_to_the_reference_scale():
