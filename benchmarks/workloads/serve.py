@@ -34,6 +34,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 import models
 import timing
 
+#: `SERVE_LOGGERS="aitune=INFO"` raises or lowers named loggers (comma-separated `name=LEVEL`), e.g. to see how
+#: long each step of JIT tuning took; set in the suite's environment, it reaches every workload.
+LOGGERS_ENV = "SERVE_LOGGERS"
+
+
+def set_logger_levels(spec: str) -> None:
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, level = item.partition("=")
+        if not sep or not name.strip() or not isinstance(logging.getLevelName(level.strip().upper()), int):
+            raise SystemExit(f"{LOGGERS_ENV}: expected name=LEVEL items, got {item!r}")
+        logging.getLogger(name.strip()).setLevel(level.strip().upper())
+
 
 def module_call_patched() -> bool:
     """True when something replaced torch.nn.Module.__call__ (the JIT hook does); plain introspection."""
@@ -69,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     # A server configures logging; warnings from any library (aitune's JIT prints its tuning summary at exit
     # as one) then reach the log the suite keeps.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    set_logger_levels(os.environ.get(LOGGERS_ENV, ""))
 
     t_start = time.perf_counter()
     device = torch.device(args.device)

@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 import models
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "workloads"))
+import serve
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -28,3 +32,15 @@ def test_workload_script_runs_eager_and_writes_its_json(tmp_path):
     assert len(outputs) == len(data["check_seeds"]) and outputs[0].shape == (2, 10)
     source = (BENCHMARKS / "workloads" / "serve.py").read_text()
     assert "import aitune" not in source and "from aitune" not in source
+
+
+def test_logger_levels_come_from_the_environment_spec():
+    import logging
+
+    serve.set_logger_levels("aitune_test_a=INFO, aitune_test_b=debug")
+    assert logging.getLogger("aitune_test_a").level == logging.INFO
+    assert logging.getLogger("aitune_test_b").level == logging.DEBUG
+    serve.set_logger_levels("")  # nothing to do
+    for bad in ("aitune", "aitune=LOUD", "=INFO"):
+        with pytest.raises(SystemExit, match="SERVE_LOGGERS"):
+            serve.set_logger_levels(bad)
