@@ -70,17 +70,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", default="reduce-overhead")
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--settle", type=int, default=20, help="stable calls that end the warm-up")
+    parser.add_argument("--early-stop", type=float, default=None,
+                        help="override the JIT's CUDA early-stop speedup (aitune_jit.config.CUDA_EARLY_STOP_SPEEDUP)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "tuned_call_overhead.json"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
     import aitune.torch.jit as jit
+    import aitune_jit.config
     from aitune.torch import PatchedModule, jit_config
+
+    if args.early_stop is not None:
+        aitune_jit.config.CUDA_EARLY_STOP_SPEEDUP = args.early_stop
 
     rows = []
     for batch in args.batches:
         base, x = _build(args.model, batch, args.device)
-        row: dict[str, float | int | str] = {"model": args.model, "batch": batch}
+        row: dict[str, float | int | str] = {"model": args.model, "batch": batch,
+                                             "early_stop": aitune_jit.config.CUDA_EARLY_STOP_SPEEDUP}
         row["eager_ms"] = _median_ms(base, x, args.device, args.iters)
         compiled = torch.compile(copy.deepcopy(base), mode=None if args.mode == "default" else args.mode)
         row[f"compile_{args.mode}_ms"] = _median_ms(compiled, x, args.device, args.iters)

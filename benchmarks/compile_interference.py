@@ -1,0 +1,113 @@
+"""Does compiling a second `torch.compile` of the same module slow down the first one?
+
+The JIT's default strategy compiles Inductor `reduce-overhead` (CUDA graphs), and when that is not clearly
+faster than eager also the default mode, then keeps the faster one. In the GPU suite the JIT was slower than
+`torch.compile(mode="reduce-overhead")` exactly in the cases where it had compiled both. This script measures
+that effect alone, side by side in one process on one model copy:
+
+    ro alone                 torch.compile(m, mode="reduce-overhead") after its warm-up
+    ro after default         the same wrapper, after torch.compile(m) (default mode) was compiled and called
+    default                  that default-mode wrapper
+    ro own code (alone / after default)
+                             the same two steps, each wrapper compiling its own copy of forward's code object
+                             (dynamo keeps its cache per code object; a copy gives each wrapper a cache of its own)
+
+    python benchmarks/compile_interference.py --model bert_base --batches 8      # GPU
+    python benchmarks/compile_interference.py --model tiny_bert --batches 2 --device cpu --iters 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import json
+import logging
+import platform
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import models
+import timing
+
+
+class OwnCode(torch.nn.Module):
+    """`module`'s forward through a fresh copy of its code object (same globals, closure and defaults)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        fn = type(module).forward
+        own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        own.__kwdefaults__ = fn.__kwdefaults__
+        self.forward = types.MethodType(own, module)
+
+
+def _median_ms(fn, batch: models.Batch, device: str, iters: int) -> float:
+    call = models.caller(fn, torch.device(device).type)
+    with torch.no_grad():
+        return timing.serve_loop(call, [batch], device, warmup=20, iters=iters, settle=20).stats.median_ms
+
+
+def _pair(target: torch.nn.Module, second: torch.nn.Module, batch: models.Batch, device: str,
+          iters: int, ro_mode: str) -> tuple[float, float, float]:
+    """(ro alone, ro after a default-mode compile of `second`, that default-mode compile)."""
+    ro = torch.compile(target, mode=ro_mode)
+    alone = _median_ms(ro, batch, device, iters)
+    default = torch.compile(second)
+    default_ms = _median_ms(default, batch, device, iters)
+    after = _median_ms(ro, batch, device, iters)
+    return alone, after, default_ms
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="bert_base")
+    parser.add_argument("--batches", type=int, nargs="+", default=[8])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--mode", default="reduce-overhead", help="the first wrapper's mode")
+    parser.add_argument("--iters", type=int, default=200)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "compile_interference.json"))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    rows = []
+    for batch in args.batches:
+        built = models.build(args.model, batch)
+        base = built.module.to(args.device).eval()
+        x = built.make_inputs(0).to(args.device)
+        row: dict[str, object] = {"model": args.model, "batch": batch}
+        row["eager_ms"] = _median_ms(base, x, args.device, args.iters)
+        shared = copy.deepcopy(base)
+        row["ro_alone_ms"], row["ro_after_default_ms"], row["default_ms"] = _pair(
+            shared, shared, x, args.device, args.iters, args.mode
+        )
+        torch._dynamo.reset()
+        own = copy.deepcopy(base)
+        row["ro_own_code_alone_ms"], row["ro_own_code_after_default_ms"], row["default_own_code_ms"] = _pair(
+            OwnCode(own), OwnCode(own), x, args.device, args.iters, args.mode
+        )
+        torch._dynamo.reset()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    result = {
+        "benchmark": "compile_interference",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "command": " ".join(sys.argv),
+        "rows": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
