@@ -60,14 +60,18 @@ def _order(contender: str) -> int:
 
 
 def derive(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Copies of the rows with speedups (see `with_speedups`), sorted by model (first seen), batch and contender."""
+    return sort_rows(with_speedups(rows))
+
+
+def with_speedups(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Copies of the rows with speedups: vs eager and vs the fastest torch.compile mode of the same case.
 
     speedup_vs_eager = eager median / row median (> 1: faster than eager); speedup_vs_best_compile likewise
-    against the lowest median among the compile:* rows that ran. Rows are sorted by model (first seen),
-    batch and contender order.
+    against the lowest median among the compile:* rows that ran. Give it the rows of one run: a ratio is only
+    quoted between contenders measured side by side.
     """
     rows = [dict(r) for r in rows]
-    models_seen = list(dict.fromkeys(r["model"] for r in rows))
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["model"], r["batch"], r["precision"]), []).append(r)
@@ -81,6 +85,11 @@ def derive(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             r["speedup_vs_eager"] = eager / r["median_ms"] if fast and eager else None
             r["speedup_vs_best_compile"] = best["median_ms"] / r["median_ms"] if fast and best else None
             r["best_compile"] = best["contender"] if best else None
+    return rows
+
+
+def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    models_seen = list(dict.fromkeys(r["model"] for r in rows))
     return sorted(rows, key=lambda r: (models_seen.index(r["model"]), r["batch"], r["precision"],
                                        _order(r["contender"])))
 
@@ -122,7 +131,7 @@ def _notes(r: dict[str, Any]) -> str:
 
 TABLE_HEADER = (
     "| model | batch | contender | median ms | p10–p90 ms | samples/s | × eager | × best compile | "
-    "first call s | steady after s | max rel err | notes |"
+    "first call s | steady after s | max rel err | run | notes |"
 )
 
 
@@ -140,6 +149,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
             _num(r.get("first_call_s"), ".2f") if ok else "–",
             _num(r.get("time_to_steady_s"), ".2f") if ok else "–",
             _num(r.get("rel_err"), ".1e") if ok else "–",
+            str(r.get("run", "")),
             _notes(r),
         ]) + " |")
     return "\n".join(lines)
@@ -166,18 +176,23 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def sections(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Group documents by (suite, device, precision); newer files override older ones case by case."""
+    """Group documents by (suite, device, precision); newer files override older ones case by case.
+
+    Speedups are computed inside each file before merging, so every ratio in the table compares contenders
+    of one run; each row keeps the number of its run (`run`, 1 = oldest file of the section).
+    """
     out: dict[tuple, dict[str, Any]] = {}
     for doc in sorted(docs, key=lambda d: d["date"]):
         key = (doc["suite"], doc["device"]["name"], doc["settings"]["precision"])
         sec = out.setdefault(key, {"suite": key[0], "device": doc["device"], "precision": key[2], "docs": [],
                                    "rows": {}})
         sec["docs"].append(doc)
-        for r in doc["results"]:
+        for r in with_speedups(doc["results"]):
+            r["run"] = len(sec["docs"])
             sec["rows"][(r["model"], r["batch"], r["contender"])] = r
     result = []
     for sec in out.values():
-        sec["rows"] = derive(sec["rows"].values())
+        sec["rows"] = sort_rows(list(sec["rows"].values()))
         result.append(sec)
     return sorted(result, key=lambda s: (s["suite"] != "gpu", s["device"]["name"], s["precision"]))
 
@@ -216,8 +231,11 @@ def render_sections(secs: Sequence[dict[str, Any]], chart: str | None = None) ->
         if newest.get("git_commit"):
             details.append(f"aitune commit {newest['git_commit']}")
         parts.append(", ".join(details) + ".")
-        files = ", ".join(f"`{d['_file']}` ({d['date']}{'' if d.get('complete', True) else ', run cut short'})"
-                          for d in sec["docs"]) if "_file" in newest else ""
+        files = ", ".join(
+            f"run {i} `{d['_file']}` ({d['date']}{', commit ' + d['git_commit'] if d.get('git_commit') else ''}"
+            f"{'' if d.get('complete', True) else ', run cut short'})"
+            for i, d in enumerate(sec["docs"], 1)
+        ) if "_file" in newest else ""
         if files:
             parts.append(f"Results files: {files}.")
         sources = dict.fromkeys(f"`{r['model']}`: {r['model_source']}" for r in sec["rows"] if r.get("model_source"))

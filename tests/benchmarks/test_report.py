@@ -67,9 +67,10 @@ def test_validate_results_schema():
 def test_sections_merge_parts_newest_wins_and_doc_markers(tmp_path):
     part1 = _doc([_row("eager", 10.0), _row("aitune-jit", 5.0)], date="2026-11-21T10:00:00+00:00")
     part2 = _doc([{**_row("eager", 20.0), "model": "n"}], date="2026-11-21T11:00:00+00:00")
-    rerun = _doc([_row("aitune-jit", 4.0)], date="2026-11-21T12:00:00+00:00")
+    rerun = _doc([_row("eager", 8.0), _row("aitune-jit", 4.0)], date="2026-11-21T12:00:00+00:00")
+    jit_only = _doc([{**_row("aitune-jit", 1.0), "model": "n"}], date="2026-11-21T13:00:00+00:00")
     files = []
-    for i, doc in enumerate([rerun, part1, part2]):
+    for i, doc in enumerate([rerun, part1, part2, jit_only]):
         path = tmp_path / f"r{i}.json"
         path.write_text(json.dumps(doc))
         files.append(path)
@@ -78,13 +79,19 @@ def test_sections_merge_parts_newest_wins_and_doc_markers(tmp_path):
     rows = {(r["model"], r["contender"]): r for r in secs[0]["rows"]}
     assert rows[("m", "aitune-jit")]["median_ms"] == 4.0
     assert rows[("n", "eager")]["median_ms"] == 20.0
+    # ratios come from one run: the rerun's own eager (8 ms), never the older run's (10 ms) ...
+    assert rows[("m", "aitune-jit")]["speedup_vs_eager"] == 2.0
+    assert (rows[("m", "aitune-jit")]["run"], rows[("m", "eager")]["run"]) == (3, 3)
+    # ... and a run without eager gives no ratio instead of one against another run's eager
+    assert rows[("n", "aitune-jit")]["speedup_vs_eager"] is None
 
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# Benchmarks\n\nmethod text\n\n{report.BEGIN}\nold\n{report.END}\n\ntrailer\n")
     report.update_doc(doc, report.render_sections(secs))
     text = doc.read_text()
     assert "method text" in text and "trailer" in text and "old" not in text
-    assert "geometric mean 2.50× eager" in text
+    assert "geometric mean 2.00× eager over 1 cases" in text
+    assert "run 3 `r0.json`" in text
     report.update_doc(doc, "second")
     assert doc.read_text().count(report.BEGIN) == 1
 
