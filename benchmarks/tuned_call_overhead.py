@@ -8,7 +8,9 @@ Side by side in one process, on the same model copy and inputs:
     jit backend.infer             the chosen backend called directly (no hook, no dispatcher)
 
 The difference between the last two is aitune's per-call dispatch cost; between `compile:<mode>` and
-`jit backend.infer` it is what the backend adds (output copies for CUDA graphs, autocast, mode checks).
+`jit backend.infer` it is what the backend adds (output copies for CUDA graphs, autocast, mode checks). With
+`--mode reduce-overhead` on CUDA three more rows split that: the backend's compiled module called directly, then
+with `cudagraph_mark_step_begin()` before it, then also with the output copy after it.
 
     python benchmarks/tuned_call_overhead.py --model resnet50 --batches 1 32          # GPU
     python benchmarks/tuned_call_overhead.py --model tiny_resnet --batches 1 --device cpu
@@ -52,6 +54,21 @@ def _build(name: str, batch: int, device: str) -> tuple[torch.nn.Module, models.
         return _Micro().to(device).eval(), models.Batch((torch.randn(batch, 8, device=device),))
     built = models.build(name, batch)
     return built.module.to(device).eval(), built.make_inputs(0).to(device)
+
+
+def _with_mark_step(fn, clone: bool = False):
+    """`fn` preceded by `cudagraph_mark_step_begin()` and optionally followed by a clone of its output tensors."""
+
+    def call(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        out = fn(*args, **kwargs)
+        if clone:
+            from aitune_core.specs.tree import tree_map
+
+            out = out.clone() if type(out) is torch.Tensor else tree_map(torch.Tensor.clone, out)
+        return out
+
+    return call
 
 
 def _median_ms(fn, batch: models.Batch, device: str, iters: int) -> float:
@@ -109,6 +126,14 @@ def main(argv: list[str] | None = None) -> int:
                 backend = backends[0]
                 row["jit_backend"] = backend.describe()
                 row["jit_backend_infer_ms"] = _median_ms(backend.infer, x, args.device, args.iters)
+                inner = getattr(backend, "_compiled", None)
+                if inner is not None and args.mode == "reduce-overhead" and args.device.startswith("cuda"):
+                    # what the backend adds around the same compiled code, one piece at a time
+                    row["jit_compiled_direct_ms"] = _median_ms(inner, x, args.device, args.iters)
+                    row["jit_compiled_mark_step_ms"] = _median_ms(_with_mark_step(inner), x, args.device, args.iters)
+                    row["jit_compiled_mark_step_clone_ms"] = _median_ms(
+                        _with_mark_step(inner, clone=True), x, args.device, args.iters
+                    )
         finally:
             jit.disable()
         rows.append(row)
