@@ -104,6 +104,14 @@ def test_a_module_without_quantizable_layers_fails_the_build(tmp_path):
         _tune(ConvOnly().eval(), image_call, tmp_path, _backend("int8_weight_only"))
 
 
+def test_nothing_quantized_hint_names_the_float8_shape_rule():
+    from aitune_core.backends.torchao import nothing_quantized_hint
+
+    assert "multiples of 16" in nothing_quantized_hint(quantization.Float8DynamicActivationFloat8WeightConfig())
+    hint = nothing_quantized_hint(quantization.Int8WeightOnlyConfig())
+    assert "nn.Linear" in hint and "16" not in hint
+
+
 def test_float8_needs_compute_capability_8_9(monkeypatch):
     config_f8 = quantization.Float8DynamicActivationFloat8WeightConfig()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))

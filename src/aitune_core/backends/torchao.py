@@ -107,6 +107,14 @@ def check_float8_device(quantization_config: Any, device: torch.device) -> None:
         )
 
 
+def nothing_quantized_hint(quantization_config: Any) -> str:
+    """Why a config may leave a model untouched: the likely reasons, for the build error."""
+    hint = "torchao quantizes nn.Linear layers by default"
+    if is_float8_config(quantization_config):
+        hint += "; float8 skips those whose dimensions are not multiples of 16, which its matmul needs"
+    return hint
+
+
 def count_quantized_tensors(module: torch.nn.Module) -> int:
     """Parameters that are tensor subclasses (torchao's quantized weights) rather than plain tensors."""
     return sum(
@@ -193,7 +201,7 @@ class TorchAOBackend(Backend):
         if count_quantized_tensors(quantized) == 0:
             raise BackendBuildError(
                 f"{self.describe()}: {type(qconfig).__name__} quantized no layer of {type(module).__name__} "
-                "(torchao quantizes nn.Linear layers by default)"
+                f"({nothing_quantized_hint(qconfig)})"
             )
         self._module = module
         self._cache_dir = cache_dir / self.key()
