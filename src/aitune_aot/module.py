@@ -255,7 +255,17 @@ class Module(wrapt.CallableObjectProxy):
             local.busy = False
 
     def _backend_failed(self, backend: Backend, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A tuned backend raised at run time: warn once and answer with the original forward."""
+        """A tuned backend raised at run time: answer with the original forward, and warn once if that works.
+
+        If the original forward raises too, the call itself is at fault (the user's own error): that error
+        propagates as it would without aitune, and nothing is blamed on the backend.
+        """
+        try:
+            output = self._self_orig_forward(*args, **kwargs)
+        except Exception as own_error:
+            _logger.debug("Module `%s`: the original forward fails on this call too (backend error: %r)",
+                          self._self_name, exc)
+            raise own_error from None
         if not self._self_backend_failed:
             self._self_backend_failed = True
             _logger.warning(
@@ -266,7 +276,7 @@ class Module(wrapt.CallableObjectProxy):
                 type(exc).__name__,
                 exc,
             )
-        return self._self_orig_forward(*args, **kwargs)
+        return output
 
     # ------------------------------------------------------------------ properties
     @property

@@ -246,3 +246,30 @@ def test_backend_failing_at_run_time_answers_with_the_original_module(caplog, mo
     assert caplog.text.count("failed at run time (RuntimeError: engine lost)") == 1
     with pytest.raises(RuntimeError, match="mat1 and mat2"):  # the caller's own error still reaches the caller
         model(torch.randn(3, 5))
+
+
+class _Checked(torch.nn.Module):
+    """Rejects negative inputs itself, as a model may validate its input inside forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x < -100).any()):
+            raise ValueError("inputs below -100 are not supported")
+        return self.fc(x)
+
+
+def test_an_error_of_the_callers_own_forward_is_not_blamed_on_the_backend(caplog):
+    model = Module(_Checked().eval(), "checked")
+    tune(model, _dataset(), batch_sizes=[1, 4], strategy=_strategy())
+    caplog.set_level(logging.WARNING, logger="aitune")
+    with torch.no_grad(), pytest.raises(ValueError, match="below -100") as info:
+        model(torch.full((2, 8), -1000.0))  # the backend runs the same forward: it raises, and so does eager
+    assert info.value.__suppress_context__  # reported as the forward's error, not as a backend failure
+    assert "failed at run time" not in caplog.text
+    before = CountingBackend.infers
+    with torch.no_grad():
+        model(torch.randn(2, 8))
+    assert CountingBackend.infers == before + 1  # the backend still serves the next call

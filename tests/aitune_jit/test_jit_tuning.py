@@ -279,3 +279,33 @@ def test_modules_first_called_by_aitune_itself_go_on_the_fast_path():
     view = node.backends[0]._module  # what CountingBackend was built with and calls
     assert view.__dict__[hook.NODE_ATTR] is PASS
     assert PatchedModule.of(view) is None
+
+
+class _Checked(torch.nn.Module):
+    """Rejects out-of-range inputs itself, as a model may validate its input inside forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x < -100).any()):
+            raise ValueError("inputs below -100 are not supported")
+        return self.fc(x)
+
+
+def test_an_error_of_the_users_forward_inside_a_tuned_call_keeps_the_backend():
+    _fake_backends(CountingBackend())
+    torch.manual_seed(0)
+    model = _Checked().eval()
+    enable()
+    run(model, [2, 3])
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    with torch.no_grad(), pytest.raises(ValueError, match="below -100") as info:
+        model(torch.full((2, 32), -1000.0))  # the backend runs the same forward: it raises, and so does eager
+    assert info.value.__suppress_context__  # the user's error as without aitune, not a backend failure
+    assert PatchedModule.of(model).state is NodeState.TUNED  # one bad call does not un-tune the module
+    infers = CountingBackend.infers
+    with torch.no_grad():
+        model(torch.randn(2, 32))
+    assert CountingBackend.infers == infers + 1
