@@ -15,6 +15,10 @@ Options:
   False only the structure and the tensors (rank, dtype) decide.
 - `max_num_samples_stored` (int >= 1, default 8): samples kept per graph; the store keeps the calls
   at the shape extremes so min and max shapes can be validated.
+- `max_num_graphs` (int >= 1, default 32): graphs recorded per module. In strict mode a non-tensor argument
+  that changes on every call (a float threshold, a request id) would otherwise make a new graph, with its
+  samples, on every call: unbounded memory in a long-running server. Calls of graphs beyond the limit run
+  the original module and are not recorded (one warning per module).
 - `cache_dir` (Path, default `$AITUNE_CACHE_DIR` or `~/.cache/aitune`): where backends put artifacts.
 - `rtol`, `atol` (float >= 0 or None, default None): validation tolerances; None means the
   dtype-aware defaults of `aitune_core.validation.tolerance`.
@@ -81,6 +85,7 @@ def _path(name: str, value: Any) -> Path:
 _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any]]] = {
     "strict_mode": (_bool, lambda: True),
     "max_num_samples_stored": (_positive_int, lambda: 8),
+    "max_num_graphs": (_positive_int, lambda: 32),
     "cache_dir": (_path, default_cache_dir),
     "rtol": (_optional_tolerance, lambda: None),
     "atol": (_optional_tolerance, lambda: None),
@@ -94,6 +99,7 @@ class TuneConfig:
 
     strict_mode: bool
     max_num_samples_stored: int
+    max_num_graphs: int
     cache_dir: Path
     rtol: float | None
     atol: float | None

@@ -483,6 +483,8 @@ class PatchedModule:
                 self._recorder = None
                 self._note_once("record", f"{self.short}: new graphs are not tuned: {reason}", logging.WARNING)
             return
+        if spec is None:  # beyond config.max_num_graphs: the recorder warned once
+            return
         name = spec.name
         if name in self._failed or any(s.name == name for s, _ in self._entries):
             return

@@ -10,6 +10,7 @@ def test_defaults():
     cfg = TuneConfig()
     assert cfg.strict_mode is True
     assert cfg.max_num_samples_stored == 8
+    assert cfg.max_num_graphs == 32
     assert cfg.rtol is None and cfg.atol is None
     assert cfg.quantized_rtol == 0.1 and cfg.quantized_atol == 0.1
     assert isinstance(cfg.cache_dir, Path)
@@ -30,6 +31,8 @@ def test_cache_dir_from_env(monkeypatch, tmp_path):
         ("max_num_samples_stored", 0, ">= 1"),
         ("max_num_samples_stored", 2.5, "must be an int"),
         ("max_num_samples_stored", True, "must be an int"),
+        ("max_num_graphs", 0, ">= 1"),
+        ("max_num_graphs", "8", "must be an int"),
         ("rtol", -1e-3, ">= 0"),
         ("atol", "0.1", "must be a number"),
         ("quantized_rtol", None, "must be a number"),

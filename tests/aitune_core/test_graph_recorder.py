@@ -71,6 +71,25 @@ def test_strict_and_non_strict_constants():
     assert len(loose.graph_specs) == 2
 
 
+def test_graphs_beyond_max_graphs_are_not_recorded(caplog):
+    """A constant that changes on every call (strict mode) must not grow memory without bound."""
+    net = Net()
+    with config.override(max_num_graphs=3):
+        recorder = GraphRecorder(net, name="net")
+    caplog.set_level("WARNING", logger="aitune")
+    for i in range(10):
+        x = torch.randn(1, 4)
+        spec = recorder.record((x,), {"scale": float(i)}, net(x, scale=float(i)))
+        assert (spec is None) == (i >= 3)
+    assert len(recorder.graph_specs) == 3 and recorder.graphs_refused == 7
+    assert caplog.text.count("already 3 graphs recorded") == 1
+    assert "strict_mode = False" in caplog.text
+    x = torch.randn(2, 4)  # a call of a known graph is still recorded
+    assert recorder.record((x,), {"scale": 1.0}, net(x, scale=1.0)).name == "1"
+    with pytest.raises(ValueError, match="max_graphs"):
+        GraphRecorder(net, max_graphs=0)
+
+
 def test_seed_axis_example_through_global_context():
     net = Net()
     rec = GraphRecorder(net)

@@ -309,3 +309,32 @@ def test_an_error_of_the_users_forward_inside_a_tuned_call_keeps_the_backend():
     with torch.no_grad():
         model(torch.randn(2, 32))
     assert CountingBackend.infers == infers + 1
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.fc(x) * scale
+
+
+def test_a_constant_that_changes_every_call_makes_at_most_max_num_graphs_graphs():
+    from aitune_core.config import config
+
+    _fake_backends(CountingBackend())
+    torch.manual_seed(0)
+    model = _Scaled().eval()
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        base = model.fc(x)  # before the hook is on
+    enable()
+    with config.override(max_num_graphs=2), torch.no_grad():
+        for i in range(20):
+            torch.testing.assert_close(model(x, scale=float(i)), base * float(i))
+        node = PatchedModule.of(model)
+        assert len(node.recorder.graph_specs) == 2 and node.recorder.graphs_refused > 0
+        for _ in range(2):  # a value seen before still belongs to its graph, which then gets tuned
+            model(x, scale=1.0)
+    assert node.state is NodeState.TUNED and CountingBackend.builds == 1

@@ -63,6 +63,8 @@ class GraphRecorder:
         forward: the module (its `forward` is used) or the callable whose signature binds the calls.
         strict: graph identity includes non-tensor values; default `config.strict_mode` (read now).
         max_samples: samples kept per graph; default `config.max_num_samples_stored` (read now).
+        max_graphs: graphs recorded at most; calls of further graphs are not recorded (`record` returns None,
+            with one warning); default `config.max_num_graphs` (read now).
         name: used in log messages only.
     """
 
@@ -72,6 +74,7 @@ class GraphRecorder:
         *,
         strict: bool | None = None,
         max_samples: int | None = None,
+        max_graphs: int | None = None,
         name: str | None = None,
     ) -> None:
         self.binder = Binder.from_callable(forward)
@@ -79,6 +82,10 @@ class GraphRecorder:
         self.max_samples = config.max_num_samples_stored if max_samples is None else int(max_samples)
         if self.max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
+        self.max_graphs = config.max_num_graphs if max_graphs is None else int(max_graphs)
+        if self.max_graphs < 1:
+            raise ValueError(f"max_graphs must be >= 1, got {self.max_graphs}")
+        self.graphs_refused = 0  # calls not recorded because they would have made a graph beyond max_graphs
         self.name = name
         self._lock = threading.Lock()
         self._graphs: dict[tuple[Any, ...], _GraphState] = {}
@@ -98,8 +105,9 @@ class GraphRecorder:
 
     def record(
         self, args: Sequence[Any], kwargs: Mapping[str, Any], output: Any, batch_size: int | None = None
-    ) -> GraphSpec:
-        """Record one call and its output; returns the (updated) spec of the call's graph.
+    ) -> GraphSpec | None:
+        """Record one call and its output; returns the (updated) spec of the call's graph, or None when the
+        call would make a new graph beyond `max_graphs` (then nothing is recorded).
 
         `batch_size` None means "take it from the global context" (`current_batch_size()`), which is
         None too in JIT mode.
@@ -121,6 +129,9 @@ class GraphRecorder:
             self._total_calls += 1
             state = self._graphs.get(identity)
             if state is None:
+                if len(self._graphs) >= self.max_graphs:
+                    self._refuse_graph()
+                    return None
                 state = self._new_graph(identity, binder, in_values, in_treedef, out_values, out_treedef, out_identity)
             state.num_calls += 1
             state.evidence.observe(batch_size, implied)
@@ -145,6 +156,17 @@ class GraphRecorder:
                 self._refresh_spec(state)
             state.store.offer(in_shapes, batch_size, lambda: Sample.capture(args, kwargs, output, batch_size))
             return state.spec
+
+    def _refuse_graph(self) -> None:
+        self.graphs_refused += 1
+        if self.graphs_refused == 1:
+            _logger.warning(
+                "%salready %d graphs recorded (config.max_num_graphs); calls that would make new graphs are not "
+                "recorded and run as they are. Graphs multiply when non-tensor arguments change between calls "
+                "in strict mode: consider config.strict_mode = False",
+                f"{self.name}: " if self.name else "",
+                self.max_graphs,
+            )
 
     def _new_graph(
         self,
