@@ -155,6 +155,40 @@ def test_python_scalars():
         validate_output(2.5, 2.0, None, tol_fn)
 
 
+class _Holder:
+    """An output object the tree walker does not look into, with no __eq__."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+class _Token:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Token) and other.text == self.text
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class _TensorEq(_Holder):
+    def __eq__(self, other: object):  # returns a tensor, not a bool
+        return self.t == other.t  # type: ignore[attr-defined]
+
+
+def test_opaque_output_objects_are_compared_not_trusted_by_type():
+    holder = _Holder(torch.ones(2))
+    validate_output((torch.ones(2), holder), (torch.ones(2), holder), None, tol_fn)  # the same object: fine
+    with pytest.raises(ValidationError, match="_Holder object that aitune cannot compare"):
+        validate_output(_Holder(torch.zeros(2)), _Holder(torch.ones(2)), None, tol_fn)  # could hide a wrong tensor
+    validate_output(_Token("a"), _Token("a"), None, tol_fn)  # its own == decides
+    with pytest.raises(ValidationError, match="not equal"):
+        validate_output(_Token("a"), _Token("b"), None, tol_fn)
+    with pytest.raises(ValidationError, match="cannot be compared with =="):
+        validate_output(_TensorEq(torch.ones(2)), _TensorEq(torch.ones(2)), None, tol_fn)
+
+
 def test_without_reference_checks_spec_and_finiteness():
     spec = SampleMetadata.from_value(torch.zeros(2, 3), names_prefix="outputs")
     validate_output(torch.ones(2, 3), None, spec, tol_fn)

@@ -147,8 +147,35 @@ def _check_constant(value: Any, ref: Any, has_reference: bool, tolerance_fn: Tol
         return
     if type(value) is not type(ref):
         raise ValidationError(f"{where} has type {type(value).__name__}, expected {type(ref).__name__}")
-    if isinstance(value, _SIMPLE) and value != ref:
-        raise ValidationError(f"{where} differs: got {value!r}, expected {ref!r}")
+    if isinstance(value, _SIMPLE):
+        if value != ref:
+            raise ValidationError(f"{where} differs: got {value!r}, expected {ref!r}")
+        return
+    _check_opaque(value, ref, where)
+
+
+def _check_opaque(value: Any, ref: Any, where: str) -> None:
+    """An object the tree walker does not look into: equal by its own `==`, or the same object.
+
+    Its type alone proves nothing (it may hold tensors the backend computed wrongly), so an object that
+    cannot be compared fails validation: the backend is not used rather than trusted blindly.
+    """
+    if value is ref:
+        return
+    if type(value).__eq__ is object.__eq__:
+        raise ValidationError(
+            f"{where} is a {type(value).__name__} object that aitune cannot compare with the original output "
+            "(no __eq__, and not a container it walks: tuple, list, dict, dataclass, namedtuple)"
+        )
+    try:
+        equal = value == ref
+        same = equal if isinstance(equal, bool) else None
+    except Exception:  # e.g. an __eq__ that compares tensors inside and raises
+        same = None
+    if same is None:
+        raise ValidationError(f"{where}: {type(value).__name__} objects cannot be compared with == (no plain bool)")
+    if not same:
+        raise ValidationError(f"{where} differs from the original output ({type(value).__name__} objects not equal)")
 
 
 # ------------------------------------------------------------------------------------------ tensors
