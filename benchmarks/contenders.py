@@ -7,6 +7,9 @@ In-process (this process, the same inputs, the same timing code):
 In a subprocess running the plain workload script benchmarks/workloads/serve.py:
   aitune-jit                          the same script with AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning
   eager (workload)                    the same script without it: the JIT's like-for-like eager baseline
+  compile:default (workload)          the same script calling torch.compile(model): its first call is the
+                                      JIT's like-for-like comparator for time-to-tuned (a fresh process with
+                                      the same cache policy as the JIT's, not one warmed by earlier compiles)
 
 Every contender is checked on fresh inputs (seeds not used for timing) against the fp32 eager output of
 this process: `rel_err` is the largest ||out - ref|| / ||ref|| over the check seeds.
@@ -279,6 +282,32 @@ def workload_env(extra: dict[str, str], cache_dir: Path | None) -> dict[str, str
     return env
 
 
+WORKLOAD_COMPILE = "compile:default (workload)"
+
+
+def workload_command(
+    name: str, batch: int, settings: Settings, contender: str, *, out_json: Path, out_pt: Path, timeout_s: float
+) -> tuple[list[str], dict[str, str]]:
+    """The serve.py command line of a workload contender, and the environment it adds."""
+    jit = contender == "aitune-jit"
+    extra: dict[str, str] = {}
+    if jit:
+        extra.update(JIT_ENV)
+        if settings.precision == "bf16":
+            extra[JIT_PRECISION_ENV] = "bf16"
+    cmd = [
+        sys.executable, str(WORKLOAD), "--model", name, "--batch", str(batch), "--device", settings.device,
+        "--warmup", str(settings.warmup), "--iters", str(settings.iters), "--settle", str(settings.settle),
+        "--max-warmup-s", str(max(settings.max_warmup_s, timeout_s - 60)), "--n-inputs", str(settings.n_inputs),
+        "--check-seeds", *map(str, settings.check_seeds), "--check-out", str(out_pt), "--out", str(out_json),
+        # the JIT tunes the user's fp32 script (its precision comes from the env); the others get the autocast
+        "--autocast", "none" if jit else settings.autocast,
+    ]
+    if contender == WORKLOAD_COMPILE:
+        cmd += ["--contender", "compile:default"]
+    return cmd, extra
+
+
 def run_workload(
     case: Case, settings: Settings, contender: str, *, jit: bool, cache_dir: Path | None, timeout_s: float,
     tag: str,
@@ -291,19 +320,8 @@ def run_workload(
     label = re.sub(r"[^A-Za-z0-9]+", "-", contender).strip("-")
     stem = settings.work_dir / f"{tag}-{name}-b{batch}-{settings.precision}-{label}"
     out_json, out_pt, log = stem.with_suffix(".json.part"), stem.with_suffix(".pt"), stem.with_suffix(".log")
-    extra: dict[str, str] = {}
-    if jit:
-        extra.update(JIT_ENV)
-        if settings.precision == "bf16":
-            extra[JIT_PRECISION_ENV] = "bf16"
-    cmd = [
-        sys.executable, str(WORKLOAD), "--model", name, "--batch", str(batch), "--device", settings.device,
-        "--warmup", str(settings.warmup), "--iters", str(settings.iters), "--settle", str(settings.settle),
-        "--max-warmup-s", str(max(settings.max_warmup_s, timeout_s - 60)), "--n-inputs", str(settings.n_inputs),
-        "--check-seeds", *map(str, settings.check_seeds), "--check-out", str(out_pt), "--out", str(out_json),
-        # the JIT tunes the user's fp32 script (its precision comes from the env); eager gets the same autocast
-        "--autocast", "none" if jit else settings.autocast,
-    ]
+    cmd, extra = workload_command(name, batch, settings, contender, out_json=out_json, out_pt=out_pt,
+                                  timeout_s=timeout_s)
     shown = [str(WORKLOAD.relative_to(WORKLOAD.parents[2])), *cmd[2:]]
     row["command"] = shlex.join([*(f"{k}={v}" for k, v in extra.items()), "python", *shown])
     t0 = time.perf_counter()

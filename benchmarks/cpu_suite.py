@@ -25,8 +25,9 @@ DEFAULTS = suite.SuiteDefaults(
     workload_timeout_s=240.0,
     # One intra-op thread: on a small shared machine two OpenMP threads stall whenever one is preempted.
     threads=1,
-    estimates_s={"eager": 2, "eager (workload)": 10, "aitune-jit": 40, "compile:default": 20,
-                 "compile:reduce-overhead": 20, "compile:max-autotune-no-cudagraphs": 40, "aitune-aot": 40},
+    estimates_s={"eager": 2, "eager (workload)": 10, "aitune-jit": 40, "compile:default (workload)": 30,
+                 "compile:default": 20, "compile:reduce-overhead": 20, "compile:max-autotune-no-cudagraphs": 40,
+                 "aitune-aot": 40},
 )
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ DEFAULTS = suite.SuiteDefaults(
     workload_timeout_s=300.0,
     # The eager (workload) control costs a process start per case; the CPU suite runs it, here it is opt-in.
     contenders=tuple(c for c in suite.ALL_CONTENDERS if c != "eager (workload)"),
-    estimates_s={"eager": 10, "eager (workload)": 20, "aitune-jit": 90, "compile:default": 60,
-                 "compile:reduce-overhead": 60, "compile:max-autotune-no-cudagraphs": 150, "aitune-aot": 120},
+    estimates_s={"eager": 10, "eager (workload)": 20, "aitune-jit": 90, "compile:default (workload)": 40,
+                 "compile:default": 60, "compile:reduce-overhead": 60, "compile:max-autotune-no-cudagraphs": 150,
+                 "aitune-aot": 120},
 )
 
 if __name__ == "__main__":

@@ -1,15 +1,15 @@
 """The suite driver shared by gpu_suite.py and cpu_suite.py: run every contender for every case, save JSON.
 
 The run is contender-major: first eager for every (model, batch) case (in-process; its fp32 outputs are
-the correctness references), then each other contender over all cases, in this order: eager (workload)
-and aitune-jit (subprocesses of the plain workload script), compile:default, compile:reduce-overhead,
-compile:max-autotune-no-cudagraphs (in-process, each after torch._dynamo.reset()), aitune-aot
-(in-process, on its own copy of the model). A run that meets its budget loses its last columns (the
+the correctness references), then each other contender over all cases, in this order: eager (workload),
+aitune-jit and compile:default (workload) (subprocesses of the plain workload script), compile:default,
+compile:reduce-overhead, compile:max-autotune-no-cudagraphs (in-process, each after torch._dynamo.reset()),
+aitune-aot (in-process, on its own copy of the model). A run that meets its budget loses its last columns (the
 slowest compiles) rather than whole models.
 
-Caches: the run gets a fresh folder with two Inductor (and Triton) caches, one for this process and one
-for the workload subprocesses, so neither torch.compile nor the JIT compiles with the other's artefacts:
-each one's first compile of a case is cold.
+Caches: the run gets a fresh folder with Inductor (and Triton) caches: one for this process, one for the
+eager and JIT workloads and one for the torch.compile workload, so no side compiles with another's
+artefacts.
 
 The results JSON is rewritten after every contender (and mirrored to $OUT when that folder exists), so a
 run cut short keeps what it measured. A time budget skips contenders that would not fit, recording
@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks" / "results"
 ALL_CONTENDERS = (
-    "eager", "eager (workload)", "aitune-jit",
+    "eager", "eager (workload)", "aitune-jit", "compile:default (workload)",
     "compile:default", "compile:reduce-overhead", "compile:max-autotune-no-cudagraphs", "aitune-aot",
 )
 PACKAGES = ("aitune", "torch", "triton", "timm", "torchvision", "transformers", "autowrapt", "wrapt", "nvtx",
@@ -285,11 +285,13 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
                                   status="not available"))
                 elif over_budget(batch, name, contender):
                     continue
-                elif contender in ("eager (workload)", "aitune-jit"):
+                elif contender in ("eager (workload)", "aitune-jit", C.WORKLOAD_COMPILE):
                     timeout = max(30.0, min(args.workload_timeout_s, budget.left() - 10))
+                    # torch.compile in a workload gets caches of its own, used as the JIT uses its own
+                    # (shared by this contender's cases only): neither starts warm from the other's compiles
+                    folder = "workloads-compile" if contender == C.WORKLOAD_COMPILE else "workloads"
                     add(C.run_workload(case, settings, contender, jit=contender == "aitune-jit",
-                                       cache_dir=cache / "workloads",
-                                       timeout_s=timeout, tag=tag))
+                                       cache_dir=cache / folder, timeout_s=timeout, tag=tag))
                 elif contender.startswith("compile:"):
                     add(C.run_compile(case, settings, contender.split(":", 1)[1]))
                 elif contender == "aitune-aot":

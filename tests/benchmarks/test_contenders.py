@@ -47,3 +47,18 @@ def test_jit_summary_is_read_from_the_workload_log(tmp_path):
     assert lines[0].startswith("aitune JIT tuning summary: 1 module(s) tuned")
     assert lines[1].startswith("🎯 BertModel")
     assert contenders.jit_summary(tmp_path / "missing.log") == []
+
+
+def test_workload_commands_differ_only_in_what_the_script_is_asked_to_run(tmp_path):
+    settings = contenders.Settings(device="cpu", precision="bf16")
+    paths = {"out_json": tmp_path / "o.json", "out_pt": tmp_path / "o.pt", "timeout_s": 120.0}
+    eager_cmd, eager_env = contenders.workload_command("tiny_vit", 2, settings, "eager (workload)", **paths)
+    jit_cmd, jit_env = contenders.workload_command("tiny_vit", 2, settings, "aitune-jit", **paths)
+    compile_cmd, compile_env = contenders.workload_command("tiny_vit", 2, settings, contenders.WORKLOAD_COMPILE,
+                                                           **paths)
+    assert eager_env == {} and compile_env == {}
+    assert jit_env["AUTOWRAPT_BOOTSTRAP"] == "aitune_enable_jit_tuning"
+    assert jit_env[contenders.JIT_PRECISION_ENV] == "bf16"  # the JIT gets bf16 from the env, not from autocast
+    assert jit_cmd[jit_cmd.index("--autocast") + 1] == "none"
+    assert compile_cmd[compile_cmd.index("--autocast") + 1] == "bf16"  # like eager: the same autocast
+    assert compile_cmd[-2:] == ["--contender", "compile:default"] and "--contender" not in eager_cmd

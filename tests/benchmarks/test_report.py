@@ -41,6 +41,21 @@ def test_derive_speedups_against_eager_and_best_compile():
     assert by["aitune-aot"]["speedup_vs_eager"] is None
 
 
+def test_jit_time_to_tuned_is_compared_with_the_workload_compile_first_call():
+    rows = report.derive([
+        _row("eager", 10.0),
+        _row("aitune-jit", 4.0, time_to_steady_s=12.0),
+        _row(report.WORKLOAD_COMPILE, 4.1, first_call_s=8.0),
+        _row("compile:default", 4.2, first_call_s=5.0),  # warm, in-process: not the comparator
+    ])
+    by = {r["contender"]: r for r in rows}
+    assert by["aitune-jit"]["tuned_vs_compile_first_call"] == pytest.approx(1.5)
+    assert by["compile:default"]["tuned_vs_compile_first_call"] is None
+    assert by[report.WORKLOAD_COMPILE]["speedup_vs_best_compile"] == pytest.approx(1.0)  # a torch.compile mode
+    assert "time-to-tuned 1.50x the first call of compile:default (workload)" in report.format_table(rows)
+    assert "time-to-tuned at most 1.50x" in report._summary(rows)[0]
+
+
 def test_format_table_has_one_line_per_row_and_reasons():
     rows = report.derive([_row("eager", 10.0), {"model": "m", "batch": 8, "precision": "fp32",
                                                  "contender": "aitune-jit", "status": "not available",

@@ -27,6 +27,7 @@ def test_gpu_parts_cover_the_three_models_and_default_contenders():
     assert args.batches == [1, 8, 32]
     assert sorted(m for ms in gpu_suite.DEFAULTS.models.values() for m in ms) == ["bert_base", "resnet50", "vit_base"]
     assert "aitune-jit" in args.contenders and "compile:max-autotune-no-cudagraphs" in args.contenders
+    assert "compile:default (workload)" in args.contenders  # the time-to-tuned comparator runs by default
     cpu_args = suite.build_parser(cpu_suite.DEFAULTS, "x").parse_args([])
     assert cpu_args.device == "cpu" and cpu_args.part == "all"
     assert list(cpu_args.contenders) == list(suite.ALL_CONTENDERS)
