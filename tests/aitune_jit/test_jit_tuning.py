@@ -338,3 +338,36 @@ def test_a_constant_that_changes_every_call_makes_at_most_max_num_graphs_graphs(
         for _ in range(2):  # a value seen before still belongs to its graph, which then gets tuned
             model(x, scale=1.0)
     assert node.state is NodeState.TUNED and CountingBackend.builds == 1
+
+
+class _Tokens(torch.nn.Module):
+    """A transformers-style forward: called with keyword tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 32)
+        self.fc = torch.nn.Linear(32, 32)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden = self.fc(self.embed(input_ids))
+        return hidden if attention_mask is None else hidden * attention_mask.unsqueeze(-1)
+
+
+def test_keyword_tensor_calls_are_served_by_the_backend_after_tuning():
+    _fake_backends(CountingBackend())
+    torch.manual_seed(0)
+    model = _Tokens().eval()
+    calls = [(torch.randint(0, 50, (b, 7)), torch.ones(b, 7)) for b in (2, 4, 3, 3)]
+    with torch.no_grad():
+        expected = [model(input_ids=ids, attention_mask=mask) for ids, mask in calls]
+    enable()
+    with torch.no_grad():
+        for ids, mask in calls[:2]:
+            model(input_ids=ids, attention_mask=mask)
+        assert PatchedModule.of(model).state is NodeState.TUNED
+        infers = CountingBackend.infers
+        torch.testing.assert_close(model(input_ids=calls[2][0], attention_mask=calls[2][1]), expected[2])
+        torch.testing.assert_close(model(attention_mask=calls[3][1], input_ids=calls[3][0]), expected[3])
+        assert CountingBackend.infers == infers + 2  # both keyword orders went to the backend
+        model(input_ids=torch.randint(0, 50, (9, 7)), attention_mask=torch.ones(9, 7))  # batch 9: outside
+        assert CountingBackend.infers == infers + 2  # ... so it ran eagerly
