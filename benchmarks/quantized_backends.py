@@ -17,7 +17,9 @@ with the quantized tolerance):
   a CUDA device of compute capability >= 8.9 (otherwise the row says why it was skipped).
 
 TorchAO backends compile the quantized copy with Inductor (`compile=True`, the backend default) unless
-`--no-compile`. A candidate the validation rejects is reported as `rejected` with the error, and is not timed.
+`--no-compile`. A candidate the validation rejects is reported as `rejected` with the error; it is then built
+again without validation and timed for reference (`reference` in its row, "timed for reference only" in the
+table: what it would have bought and at what error; aitune never serves it). `--no-time-rejected` skips that.
 
 Correctness is measured on fresh inputs (other seeds than the recorded calls), on the model's primary output
 (the logits; BERT's last hidden state) against eager fp32:
@@ -168,9 +170,15 @@ def run_model(name: str, device: torch.device, args: argparse.Namespace, contend
             report = OneBackendStrategy(backend).tune_with_report(model, name, spec, samples, device, cache_dir)
         except Exception as exc:  # a rejected or failed candidate is a result, not a crash
             status = "rejected" if type(exc).__name__ == "ValidationError" else "failed"
-            rows.append({**row, "status": status, "error": f"{type(exc).__name__}: {exc}"[:2000],
-                         "tune_s": time.perf_counter() - started})
+            row.update({"status": status, "error": f"{type(exc).__name__}: {exc}"[:2000],
+                        "tune_s": time.perf_counter() - started})
             print(f"  {name} {contender}: {status}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            if status == "rejected" and args.time_rejected:
+                row["reference"] = time_for_reference(
+                    contender, not args.no_compile, (model, spec, samples, cache_dir), inputs, references, device,
+                    args, eager_ms,
+                )
+            rows.append(row)
             continue
         tuned = report.backend
         row["tune_s"] = time.perf_counter() - started
@@ -191,13 +199,42 @@ def run_model(name: str, device: torch.device, args: argparse.Namespace, contend
     return rows
 
 
+def time_for_reference(contender: str, compile_quantized: bool, recorded: tuple[Any, Any, Any, Path],
+                       inputs: list[models.Batch], references: list[Any], device: torch.device,
+                       args: argparse.Namespace, eager_ms: float) -> dict[str, Any]:
+    """Errors and latency of a candidate that validation rejected, built again without validating.
+
+    Only for the table: what the rejected configuration would have bought, and at what error. aitune never
+    serves such a backend.
+    """
+    model, spec, samples, cache_dir = recorded
+    backend = make_backend(contender, compile_quantized)
+    try:
+        backend.build(model, spec, samples, device, cache_dir)
+        with torch.no_grad():
+            outputs = [backend.infer(*b.args, **b.kwargs) for b in inputs]
+        found = worst_errors([errors(out, ref) for out, ref in zip(outputs, references)])
+        ms = serve(backend.infer, inputs, device, args).stats.median_ms
+    except Exception as exc:  # e.g. the library error that made validation fail happens again
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    finally:
+        if backend.is_active:
+            backend.deactivate()
+    print(f"  {contender} (rejected) for reference: {ms:.3f} ms, max_rel_err {found['max_rel_err']:.3g}", flush=True)
+    return {**found, "latency_ms": ms, "throughput": timing.throughput(args.batch, ms), "speedup": eager_ms / ms}
+
+
 def format_table(rows: list[dict[str, Any]]) -> str:
     header = ("model", "contender", "status", "max_rel_err", "rel_l2", "latency_ms", "throughput/s", "vs eager")
     lines = [header]
     for r in rows:
         ok = r["status"] == "ok"
+        status = r["status"] if ok else f"{r['status']}: {r.get('error', '')[:60]}"
+        if "latency_ms" in r.get("reference", {}):  # a rejected candidate timed for reference: not usable
+            r, status = {**r, **r["reference"]}, "rejected (timed for reference only)"
+            ok = True
         lines.append((
-            r["model"], r["contender"], r["status"] if ok else f"{r['status']}: {r.get('error', '')[:60]}",
+            r["model"], r["contender"], status,
             f"{r['max_rel_err']:.2e}" if ok else "-", f"{r['rel_l2']:.2e}" if ok else "-",
             f"{r['latency_ms']:.3f}" if ok else "-", f"{r['throughput']:.1f}" if ok else "-",
             f"{r['speedup']:.2f}x" if ok else "-",
@@ -232,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, help="timed calls (default 100 on GPU, 20 with --cpu)")
     parser.add_argument("--settle", type=int, default=10)
     parser.add_argument("--max-warmup-s", type=float, default=120.0)
+    parser.add_argument("--no-time-rejected", dest="time_rejected", action="store_false",
+                        help="do not build and time candidates that validation rejected (by default they are, "
+                             "for reference: the table shows what they would have bought, at what error)")
     parser.add_argument("--out", type=Path, help="results JSON (default benchmarks/results/quantized_backends_...)")
     args = parser.parse_args(argv)
     args.batch = args.batch or (8 if args.cpu else 32)

@@ -53,3 +53,21 @@ def test_tiny_cpu_run_writes_rows_and_prints_the_table(tmp_path, capsys):
     assert int8["backend"] == "TorchAOBackend(quantization_config=Int8WeightOnlyConfig(),compile=False)"
     assert rows["torchao:float8-dynamic"]["status"] == "skipped"
     assert "tiny_resnet | torchao:int8-weight-only" in capsys.readouterr().out
+
+
+def test_a_rejected_candidate_is_timed_for_reference_only(tmp_path, capsys):
+    from aitune_core.config import config
+
+    out = tmp_path / "q.json"
+    argv = ["--cpu", "--models", "tiny_resnet", "--contenders", "torchao:int8-weight-only", "--no-inductor",
+            "--no-compile", "--batch", "4", "--warmup", "1", "--settle", "1", "--iters", "2", "--out", str(out)]
+    with config.override(quantized_rtol=0.0, quantized_atol=0.0):  # nothing quantized passes this
+        assert qb.main(argv) == 0
+        row = {r["contender"]: r for r in json.loads(out.read_text())["rows"]}["torchao:int8-weight-only"]
+        assert row["status"] == "rejected" and "ValidationError" in row["error"]
+        reference = row["reference"]
+        assert reference["latency_ms"] > 0 and 0 < reference["max_rel_err"] < 0.1
+        assert "rejected (timed for reference only)" in capsys.readouterr().out
+        assert qb.main([*argv, "--no-time-rejected"]) == 0
+        row = {r["contender"]: r for r in json.loads(out.read_text())["rows"]}["torchao:int8-weight-only"]
+        assert row["status"] == "rejected" and "reference" not in row
