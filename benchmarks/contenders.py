@@ -40,6 +40,7 @@ import torch
 
 import models
 import timing
+from report import WORKLOAD_COMPILE
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 JIT_ENV = {"AUTOWRAPT_BOOTSTRAP": "aitune_enable_jit_tuning"}
@@ -280,9 +281,6 @@ def workload_env(extra: dict[str, str], cache_dir: Path | None) -> dict[str, str
         env["AITUNE_JIT_CACHE_DIR"] = str(cache_dir / "aitune-jit")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-WORKLOAD_COMPILE = "compile:default (workload)"
 
 
 def workload_command(
