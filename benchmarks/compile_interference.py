@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import datetime
 import json
 import logging
-import platform
 import sys
 import types
 from pathlib import Path
@@ -33,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import models
-import timing
+from tuned_call_overhead import median_ms, write_result
 
 
 class OwnCode(torch.nn.Module):
@@ -48,20 +46,14 @@ class OwnCode(torch.nn.Module):
         self.forward = types.MethodType(own, module)
 
 
-def _median_ms(fn, batch: models.Batch, device: str, iters: int) -> float:
-    call = models.caller(fn, torch.device(device).type)
-    with torch.no_grad():
-        return timing.serve_loop(call, [batch], device, warmup=20, iters=iters, settle=20).stats.median_ms
-
-
 def _pair(target: torch.nn.Module, second: torch.nn.Module, batch: models.Batch, device: str,
           iters: int, ro_mode: str) -> tuple[float, float, float]:
     """(ro alone, ro after a default-mode compile of `second`, that default-mode compile)."""
     ro = torch.compile(target, mode=ro_mode)
-    alone = _median_ms(ro, batch, device, iters)
+    alone = median_ms(ro, batch, device, iters)
     default = torch.compile(second)
-    default_ms = _median_ms(default, batch, device, iters)
-    after = _median_ms(ro, batch, device, iters)
+    default_ms = median_ms(default, batch, device, iters)
+    after = median_ms(ro, batch, device, iters)
     return alone, after, default_ms
 
 
@@ -82,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         base = built.module.to(args.device).eval()
         x = built.make_inputs(0).to(args.device)
         row: dict[str, object] = {"model": args.model, "batch": batch}
-        row["eager_ms"] = _median_ms(base, x, args.device, args.iters)
+        row["eager_ms"] = median_ms(base, x, args.device, args.iters)
         shared = copy.deepcopy(base)
         row["ro_alone_ms"], row["ro_after_default_ms"], row["default_ms"] = _pair(
             shared, shared, x, args.device, args.iters, args.mode
@@ -96,16 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
 
-    result = {
-        "benchmark": "compile_interference",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "command": " ".join(sys.argv),
-        "rows": rows,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result("compile_interference", args.out, args.device, rows, command=" ".join(sys.argv))
     return 0
 
 

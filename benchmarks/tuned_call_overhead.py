@@ -71,12 +71,26 @@ def _with_mark_step(fn, clone: bool = False):
     return call
 
 
-def _median_ms(fn, batch: models.Batch, device: str, iters: int) -> float:
+def median_ms(fn, batch: models.Batch, device: str, iters: int) -> float:
     """Median of `iters` timed synchronous calls after a warm-up (CUDA events on a GPU)."""
     call = models.caller(fn, torch.device(device).type)
     with torch.no_grad():
         result = timing.serve_loop(call, [batch], device, warmup=20, iters=iters, settle=20)
     return result.stats.median_ms
+
+
+def write_result(benchmark: str, out: str | Path, device: str, rows: list[dict], **extra: object) -> None:
+    """The results JSON of a per-call benchmark: name, date, device, torch version, rows."""
+    result = {
+        "benchmark": benchmark,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if device.startswith("cuda") else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        **extra,
+        "rows": rows,
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         base, x = _build(args.model, batch, args.device)
         row: dict[str, float | int | str] = {"model": args.model, "batch": batch,
                                              "early_stop": aitune_jit.config.CUDA_EARLY_STOP_SPEEDUP}
-        row["eager_ms"] = _median_ms(base, x, args.device, args.iters)
+        row["eager_ms"] = median_ms(base, x, args.device, args.iters)
         compiled = torch.compile(copy.deepcopy(base), mode=None if args.mode == "default" else args.mode)
-        row[f"compile_{args.mode}_ms"] = _median_ms(compiled, x, args.device, args.iters)
+        row[f"compile_{args.mode}_ms"] = median_ms(compiled, x, args.device, args.iters)
 
         jit_config.device = args.device
         if args.model == "micro":
@@ -120,18 +134,18 @@ def main(argv: list[str] | None = None) -> int:
                     tuned(*x.args, **x.kwargs)
             node = PatchedModule.of(tuned)
             row["jit_state"] = str(node.state) if node is not None else "not a node"
-            row["jit_hook_ms"] = _median_ms(tuned, x, args.device, args.iters)
+            row["jit_hook_ms"] = median_ms(tuned, x, args.device, args.iters)
             backends = node.backends if node is not None else []
             if backends:
                 backend = backends[0]
                 row["jit_backend"] = backend.describe()
-                row["jit_backend_infer_ms"] = _median_ms(backend.infer, x, args.device, args.iters)
+                row["jit_backend_infer_ms"] = median_ms(backend.infer, x, args.device, args.iters)
                 inner = getattr(backend, "_compiled", None)
                 if inner is not None and args.mode == "reduce-overhead" and args.device.startswith("cuda"):
                     # what the backend adds around the same compiled code, one piece at a time
-                    row["jit_compiled_direct_ms"] = _median_ms(inner, x, args.device, args.iters)
-                    row["jit_compiled_mark_step_ms"] = _median_ms(_with_mark_step(inner), x, args.device, args.iters)
-                    row["jit_compiled_mark_step_clone_ms"] = _median_ms(
+                    row["jit_compiled_direct_ms"] = median_ms(inner, x, args.device, args.iters)
+                    row["jit_compiled_mark_step_ms"] = median_ms(_with_mark_step(inner), x, args.device, args.iters)
+                    row["jit_compiled_mark_step_clone_ms"] = median_ms(
                         _with_mark_step(inner, clone=True), x, args.device, args.iters
                     )
         finally:
@@ -139,15 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row))
 
-    result = {
-        "benchmark": "tuned_call_overhead",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "rows": rows,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_result("tuned_call_overhead", args.out, args.device, rows)
     return 0
 
 
