@@ -19,3 +19,25 @@ def test_with_mark_step_copies_outputs_only_when_asked():
     nested = cloned(True)
     assert nested["out"] is not kept and nested["other"][0] is not kept
     assert torch.equal(nested["other"][0], kept)
+
+
+def test_counter_delta_keeps_only_what_moved():
+    before = {"stats.unique_graphs": 1, "inductor.cudagraph_skips": 0}
+    after = {"stats.unique_graphs": 3, "inductor.cudagraph_skips": 0, "recompiles.ok": 2}
+    assert tco.counter_delta(before, after) == {"recompiles.ok": 2, "stats.unique_graphs": 2}
+    assert tco.counter_delta(after, after) == {}
+
+
+def test_counter_snapshot_sees_a_new_dynamo_frame():
+    before = tco.counter_snapshot()
+    compiled = torch.compile(lambda t: t * 2 + 1, backend="eager")
+    assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 3.0))
+    moved = tco.counter_delta(before, tco.counter_snapshot())
+    assert moved.get("frames.ok", 0) >= 1
+
+
+def test_profile_table_names_the_ops_of_the_profiled_calls():
+    batch = tco.models.Batch((torch.ones(4, 4),))
+    lines = tco.profile_table(lambda t: torch.relu(t @ t), batch, "cpu", calls=3)
+    text = "\n".join(lines)
+    assert "aten::relu" in text and "aten::mm" in text
