@@ -3,10 +3,11 @@
     python benchmarks/report.py                       # every suite results file in benchmarks/results/
     python benchmarks/report.py results/a.json ...    # chosen files
 
-Results are grouped into sections by (suite, device, precision); within a section each (model, batch,
-contender) takes its figures from the newest file that has them, so the GPU suite's two parts merge
-into one table. The generated part of docs/benchmarks.md sits between the BEGIN/END RESULTS markers;
-the method text around it is kept.
+Results are grouped into sections by (suite, device, precision); within a section each (model, batch)
+takes its rows from the run that measured most of its contenders (the newest among equals), and other runs
+add only the contenders that run lacks, so the GPU suite's parts and one-contender runs merge into one
+table. The generated part of docs/benchmarks.md sits between the BEGIN/END RESULTS markers; the method
+text around it is kept.
 
 The pure helpers (derive, format_table, render_sections) are also used by the suites to print the table.
 """
@@ -187,25 +188,46 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
 
 
 def sections(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Group documents by (suite, device, precision); newer files override older ones case by case.
+    """Group documents by (suite, device, precision) and pick, case by case, the run each row comes from.
 
     Speedups are computed inside each file before merging, so every ratio in the table compares contenders
-    of one run; each row keeps the number of its run (`run`, 1 = oldest file of the section).
+    of one run; each row keeps the number of its run (`run`, 1 = oldest file of the section). For each
+    (model, batch) the run that measured the most contenders of it is preferred (the newest among equals),
+    so a case's rows come from one side-by-side comparison where possible; other runs only add contenders
+    it lacks (a run made to add one slow contender, say) or measured where it did not.
     """
     out: dict[tuple, dict[str, Any]] = {}
     for doc in sorted(docs, key=lambda d: d["date"]):
         key = (doc["suite"], doc["device"]["name"], doc["settings"]["precision"])
         sec = out.setdefault(key, {"suite": key[0], "device": doc["device"], "precision": key[2], "docs": [],
-                                   "rows": {}})
+                                   "by_case": {}})
         sec["docs"].append(doc)
+        run = len(sec["docs"])
         for r in with_speedups(doc["results"]):
-            r["run"] = len(sec["docs"])
-            sec["rows"][(r["model"], r["batch"], r["contender"])] = r
+            r["run"] = run
+            sec["by_case"].setdefault((r["model"], r["batch"]), {}).setdefault(run, []).append(r)
     result = []
     for sec in out.values():
-        sec["rows"] = sort_rows(list(sec["rows"].values()))
+        rows = [r for runs in sec.pop("by_case").values() for r in _pick_rows(runs)]
+        sec["rows"] = sort_rows(rows)
         result.append(sec)
     return sorted(result, key=lambda s: (s["suite"] != "gpu", s["device"]["name"], s["precision"]))
+
+
+def _pick_rows(runs: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per contender of a case: from the most complete run that measured it (see `sections`)."""
+
+    def measured(run: int) -> int:
+        return sum(1 for r in runs[run] if r["status"] == "ok")
+
+    ranked = sorted(runs, key=lambda run: (measured(run), run), reverse=True)
+    chosen: dict[str, dict[str, Any]] = {}
+    for run in ranked:
+        for r in runs[run]:
+            held = chosen.get(r["contender"])
+            if held is None or (held["status"] != "ok" and r["status"] == "ok"):
+                chosen[r["contender"]] = r
+    return list(chosen.values())
 
 
 def _summary(rows: Sequence[dict[str, Any]]) -> list[str]:

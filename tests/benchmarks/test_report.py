@@ -79,6 +79,23 @@ def test_validate_results_schema():
     assert any("missing 'reason'" in p for p in problems)
 
 
+def test_sections_take_a_case_from_its_most_complete_run():
+    full = _doc([_row("eager", 10.0), _row("aitune-jit", 5.0), _row("compile:reduce-overhead", 5.2),
+                 _row("compile:default", 6.0),
+                 {"model": "m", "batch": 8, "precision": "fp32", "contender": "compile:max-autotune-no-cudagraphs",
+                  "status": "skipped", "reason": "time budget"}], date="2026-11-21T10:00:00+00:00")
+    # a later run made to add max-autotune: its own eager, JIT and reduce-overhead rows do not replace the
+    # fuller run's, only the contender that run lacks (skipped there) comes from it
+    extra = _doc([_row("eager", 11.0), _row("aitune-jit", 6.0), _row("compile:max-autotune-no-cudagraphs", 5.5)],
+                 date="2026-11-21T11:00:00+00:00")
+    rows = {r["contender"]: r for r in report.sections([full, extra])[0]["rows"]}
+    assert [rows[c]["run"] for c in ("eager", "aitune-jit", "compile:reduce-overhead")] == [1, 1, 1]
+    assert rows["aitune-jit"]["median_ms"] == 5.0
+    ma = rows["compile:max-autotune-no-cudagraphs"]
+    assert (ma["run"], ma["status"], ma["median_ms"]) == (2, "ok", 5.5)
+    assert ma["speedup_vs_eager"] == pytest.approx(2.0)  # against its own run's eager (11 ms)
+
+
 def test_sections_merge_parts_newest_wins_and_doc_markers(tmp_path):
     part1 = _doc([_row("eager", 10.0), _row("aitune-jit", 5.0)], date="2026-11-21T10:00:00+00:00")
     part2 = _doc([{**_row("eager", 20.0), "model": "n"}], date="2026-11-21T11:00:00+00:00")
