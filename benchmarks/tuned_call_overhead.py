@@ -78,9 +78,9 @@ def _with_mark_step(fn, clone: bool = False):
     return call
 
 
-def median_ms(fn, batch: models.Batch, device: str, iters: int) -> float:
+def median_ms(fn, batch: models.Batch, device: str, iters: int, autocast: str = "none") -> float:
     """Median of `iters` timed synchronous calls after a warm-up (CUDA events on a GPU)."""
-    call = models.caller(fn, torch.device(device).type)
+    call = models.caller(fn, torch.device(device).type, autocast)
     with torch.no_grad():
         result = timing.serve_loop(call, [batch], device, warmup=20, iters=iters, settle=20)
     return result.stats.median_ms
@@ -101,32 +101,60 @@ def counter_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, in
 class _Probe:
     """Measures one call path into `row`: its median, the counters it moved and, optionally, a CPU profile."""
 
-    def __init__(self, row: dict[str, object], batch: models.Batch, device: str, iters: int, *, profile: bool) -> None:
-        self.row, self.batch, self.device, self.iters, self.profile = row, batch, device, iters, profile
+    def __init__(
+        self, row: dict[str, object], batch: models.Batch, device: str, iters: int, *, profile: bool, pyprofile: bool
+    ) -> None:
+        self.row, self.batch, self.device, self.iters = row, batch, device, iters
+        self.profile, self.pyprofile = profile, pyprofile
         row["counters"] = {}
 
-    def measure(self, name: str, fn) -> None:
+    def measure(self, name: str, fn, autocast: str = "none") -> None:
+        """`autocast="bf16"` runs the calls under the user's autocast (the hand-written comparators)."""
         before = counter_snapshot()
-        self.row[f"{name}_ms"] = median_ms(fn, self.batch, self.device, self.iters)
+        self.row[f"{name}_ms"] = median_ms(fn, self.batch, self.device, self.iters, autocast)
         moved = counter_delta(before, counter_snapshot())
         if moved:
             self.row["counters"][name] = moved  # type: ignore[index]
         if self.profile:
-            self.row[f"profile_{name}"] = profile_table(fn, self.batch, self.device)
+            self.row[f"profile_{name}"] = profile_table(fn, self.batch, self.device, autocast=autocast)
+        if self.pyprofile:
+            self.row[f"pyprofile_{name}"] = python_profile(fn, self.batch, self.device, autocast=autocast)
 
 
-def profile_table(fn, batch: models.Batch, device: str, calls: int = 50) -> list[str]:
+def profile_table(fn, batch: models.Batch, device: str, calls: int = 50, autocast: str = "none") -> list[str]:
     """Top ops by self CPU time over `calls` calls: where a slower call path spends its host time."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    call = models.caller(fn, torch.device(device).type)
+    call = models.caller(fn, torch.device(device).type, autocast)
     with torch.no_grad(), profile(activities=activities) as prof:
         for _ in range(calls):
             call(batch)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25).splitlines()
+
+
+def python_profile(fn, batch: models.Batch, device: str, calls: int = 200, autocast: str = "none") -> list[str]:
+    """Top Python functions by own time over `calls` synchronized calls (cProfile): the host time that torch's
+    profiler does not see - the hook's frames, pytree walks, CUDA-graph-tree bookkeeping. cProfile slows every
+    Python call, so compare rows with each other, never with the medians."""
+    import cProfile
+    import io
+    import pstats
+
+    call = models.caller(fn, torch.device(device).type, autocast)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    profiler = cProfile.Profile()
+    with torch.no_grad():
+        profiler.enable()
+        for _ in range(calls):
+            call(batch)
+            sync()
+        profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    return [line for line in text.getvalue().splitlines() if line.strip()]
 
 
 def write_result(benchmark: str, out: str | Path, device: str, rows: list[dict], **extra: object) -> None:
@@ -143,18 +171,58 @@ def write_result(benchmark: str, out: str | Path, device: str, rows: list[dict],
     Path(out).write_text(json.dumps(result, indent=2))
 
 
+def _dispatch_call(node):
+    """The node's dispatcher as the forward wrapper calls it (with the hook bypassed), without the hook and
+    without the `forward` wrapper's checks."""
+
+    def call(*args, **kwargs):
+        return node._dispatch(args, kwargs)
+
+    return call
+
+
+def measure_jit(probe: _Probe, tuned: torch.nn.Module, args: argparse.Namespace) -> None:
+    """The JIT rows, outermost first: hook, forward wrapper, dispatcher, backend, its compiled module."""
+    from aitune.torch import PatchedModule
+
+    row = probe.row
+    node = PatchedModule.of(tuned)
+    row["jit_state"] = str(node.state) if node is not None else "not a node"
+    probe.measure("jit_hook", tuned)
+    if node is None or not node.backends:
+        return
+    backend = node.backends[0]
+    row["jit_backend"] = backend.describe()
+    probe.measure("jit_forward_wrapper", tuned.forward)
+    probe.measure("jit_dispatcher", _dispatch_call(node))
+    probe.measure("jit_backend_infer", backend.infer)
+    inner = getattr(backend, "_compiled", None)
+    cuda_graphs = args.mode == "reduce-overhead" and args.device.startswith("cuda") and args.precision == "fp32"
+    if inner is not None and cuda_graphs:
+        # what the backend adds around the same compiled code, one piece at a time
+        probe.measure("jit_compiled_direct", inner)
+        probe.measure("jit_compiled_mark_step", _with_mark_step(inner))
+        probe.measure("jit_compiled_mark_step_clone", _with_mark_step(inner, clone=True))
+    # the hook once more, last: a difference from the first jit_hook row is a transient after tuning
+    probe.measure("jit_hook_again", tuned)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--mode", default="reduce-overhead")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: the JIT with precision='bf16', eager and torch.compile under bf16 autocast")
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--settle", type=int, default=20, help="stable calls that end the warm-up")
     parser.add_argument("--early-stop", type=float, default=None,
                         help="override the JIT's CUDA early-stop speedup (aitune_jit.config.CUDA_EARLY_STOP_SPEEDUP)")
     parser.add_argument("--profile", action="store_true",
                         help="also profile 50 calls of each row (torch.profiler) and keep its top CPU ops in the JSON")
+    parser.add_argument("--pyprofile", action="store_true",
+                        help="also profile 200 calls of each row with cProfile and keep its top Python functions")
     parser.add_argument("--log-cudagraphs", action="store_true",
                         help="log CUDA graph recordings and re-recordings (torch._logging cudagraphs)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "tuned_call_overhead.json"))
@@ -165,22 +233,24 @@ def main(argv: list[str] | None = None) -> int:
 
     import aitune.torch.jit as jit
     import aitune_jit.config
-    from aitune.torch import PatchedModule, jit_config
+    from aitune.torch import jit_config
 
     if args.early_stop is not None:
         aitune_jit.config.CUDA_EARLY_STOP_SPEEDUP = args.early_stop
+    autocast = "bf16" if args.precision == "bf16" else "none"
 
     rows = []
     for batch in args.batches:
         base, x = _build(args.model, batch, args.device)
-        row: dict[str, object] = {"model": args.model, "batch": batch,
+        row: dict[str, object] = {"model": args.model, "batch": batch, "precision": args.precision,
                                   "early_stop": aitune_jit.config.CUDA_EARLY_STOP_SPEEDUP}
-        probe = _Probe(row, x, args.device, args.iters, profile=args.profile)
-        probe.measure("eager", base)
+        probe = _Probe(row, x, args.device, args.iters, profile=args.profile, pyprofile=args.pyprofile)
+        probe.measure("eager", base, autocast)
         compiled = torch.compile(copy.deepcopy(base), mode=None if args.mode == "default" else args.mode)
-        probe.measure(f"compile_{args.mode}", compiled)
+        probe.measure(f"compile_{args.mode}", compiled, autocast)
 
         jit_config.device = args.device
+        jit_config.precision = "bf16" if args.precision == "bf16" else None
         if args.model == "micro":
             jit_config.min_parameters = 0  # 72 parameters: below the default threshold on purpose
         jit.enable()
@@ -189,26 +259,14 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 for _ in range(jit_config.min_samples + 3):
                     tuned(*x.args, **x.kwargs)
-            node = PatchedModule.of(tuned)
-            row["jit_state"] = str(node.state) if node is not None else "not a node"
-            probe.measure("jit_hook", tuned)
-            backends = node.backends if node is not None else []
-            if backends:
-                backend = backends[0]
-                row["jit_backend"] = backend.describe()
-                probe.measure("jit_backend_infer", backend.infer)
-                inner = getattr(backend, "_compiled", None)
-                if inner is not None and args.mode == "reduce-overhead" and args.device.startswith("cuda"):
-                    # what the backend adds around the same compiled code, one piece at a time
-                    probe.measure("jit_compiled_direct", inner)
-                    probe.measure("jit_compiled_mark_step", _with_mark_step(inner))
-                    probe.measure("jit_compiled_mark_step_clone", _with_mark_step(inner, clone=True))
-            # the hook once more, last: a difference from the first jit_hook row is a transient after tuning
-            probe.measure("jit_hook_again", tuned)
+            measure_jit(probe, tuned, args)
         finally:
             jit.disable()
+        # the hand-written compile once more, after the JIT's backend ran in this process (it calls
+        # cudagraph_mark_step_begin, which changes how CUDA-graph trees count generations process-wide)
+        probe.measure(f"compile_{args.mode}_again", compiled, autocast)
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if not k.startswith("profile")}))
+        print(json.dumps({k: v for k, v in row.items() if not k.startswith(("profile", "pyprofile"))}))
 
     write_result("tuned_call_overhead", args.out, args.device, rows)
     return 0

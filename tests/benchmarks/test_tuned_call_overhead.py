@@ -41,3 +41,14 @@ def test_profile_table_names_the_ops_of_the_profiled_calls():
     lines = tco.profile_table(lambda t: torch.relu(t @ t), batch, "cpu", calls=3)
     text = "\n".join(lines)
     assert "aten::relu" in text and "aten::mm" in text
+
+
+def test_python_profile_names_the_python_functions_of_the_profiled_calls():
+    def forward_under_test(t):
+        return torch.relu(t * 2)
+
+    batch = tco.models.Batch((torch.ones(4, 4),))
+    lines = tco.python_profile(forward_under_test, batch, "cpu", calls=7)
+    text = "\n".join(lines)
+    assert "forward_under_test" in text
+    assert any(line.split()[0] == "7" for line in lines if "forward_under_test" in line)
