@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from aitune_core.backends.isolated_entry import isolated_entry
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -73,20 +74,12 @@ def describe_reason(reason: Any) -> str:
     return f"{text} at {where}" + (f": `{line}`" if line else "")
 
 
-def _fresh_probe(fn: Callable[..., Any]) -> Callable[..., Any]:
-    def probe(*args: Any, **kwargs: Any) -> Any:
-        return fn(*args, **kwargs)
-
-    code = probe.__code__.replace()  # a code object of its own: dynamo's cache for it dies with the probe
-    return types.FunctionType(code, probe.__globals__, "aitune_graph_break_probe", None, probe.__closure__)
-
-
 def find_graph_breaks(fn: Callable[..., Any], args: tuple, kwargs: dict) -> GraphBreakReport:
     """Trace `fn(*args, **kwargs)` with dynamo (no code generation) and report the graph breaks."""
     from torch._dynamo.backends.debugging import ExplainWithBackend
 
     explainer = ExplainWithBackend("eager")
-    probe = _fresh_probe(fn)
+    probe = isolated_entry(fn, "aitune_graph_break_probe")  # dynamo's cache for it dies with the probe
     start = time.perf_counter()
     try:
         compiled = torch.compile(probe, backend=explainer, dynamic=False, fullgraph=False)

@@ -94,14 +94,30 @@ def _unique_graphs() -> int:
     return counters["stats"]["unique_graphs"]
 
 
+def _cache_entries(code) -> int:
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(code))
+
+
 @pytest.mark.slow
 def test_inductor_on_cpu_does_not_recompile_inside_the_recorded_range(tmp_path):
     model = TinyMLP().eval()
     spec, data = record(model, batch_sizes=(1, 8))  # batch 1 is specialized by dynamo; 2..8 share one graph
     assert spec.input_spec.tensors[0].shape[0] == "batch0"
+    # the user's own compile of another instance, with the same settings: its entries live on TinyMLP.forward
+    users = torch.compile(TinyMLP().eval())
+    with torch.no_grad():
+        users(torch.randn(8, 8))
+    forward_code = TinyMLP.forward.__code__
+    users_entries = _cache_entries(forward_code)
+    assert users_entries >= 1
 
     backend = TorchInductorBackend().build(model, spec, data, torch.device("cpu"), tmp_path)
     validate_backend(backend, spec, data)
+    # the backend compiled its own entry: it neither used nor added to the entries on the class's forward
+    assert _cache_entries(forward_code) == users_entries
+    assert _cache_entries(backend._entry.__code__) >= 1
     compiled_graphs = _unique_graphs()
     with torch.no_grad():
         for batch in (4, 3, 8, 1):
@@ -157,7 +173,11 @@ def test_autocast_runs_in_low_precision_and_restores_output_dtypes():
     torch.testing.assert_close(out["out"], model(x), rtol=5e-2, atol=5e-2)
 
 
-def test_cudagraph_outputs_are_cloned():
+def test_cudagraph_outputs_are_cloned_without_mark_steps(monkeypatch):
+    def no_mark_steps():  # a mark step would switch the user's CUDA-graph functions to mark-step generations
+        raise AssertionError("the backend called cudagraph_mark_step_begin")
+
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", no_mark_steps)
     buffer = torch.zeros(2, 2)
 
     def compiled(x):  # like a CUDA graph replay: always the same output storage

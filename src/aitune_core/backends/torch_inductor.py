@@ -22,20 +22,32 @@ Inference
 
 CUDA graphs
     With `mode="reduce-overhead"`, `mode="max-autotune"` or the option `triton.cudagraphs` on a CUDA device, Inductor
-    replays CUDA graphs whose output buffers are overwritten by the next replay. `_infer` therefore calls
-    `torch.compiler.cudagraph_mark_step_begin()` before each call and clones every output tensor, so callers can keep
-    outputs across calls. Cost: one device-to-device copy of the outputs per call (small next to the launch overhead
-    CUDA graphs save, but it is there; measured throughput includes it).
+    replays CUDA graphs whose output buffers are overwritten by the next replay. `_infer` therefore clones every
+    output tensor, so callers can keep outputs across calls. Cost: one device-to-device copy of the outputs per
+    call (small next to the launch overhead CUDA graphs save, but it is there; measured throughput includes it).
+    `torch.compiler.cudagraph_mark_step_begin()` is deliberately never called: each call of a compiled function
+    already starts a new CUDA-graph generation, and the first `mark_step_begin()` in a process switches every
+    CUDA-graph function in it - the user's own `torch.compile(mode="reduce-overhead")` ones too - to counting
+    generations by mark steps only. A user's function called without mark steps then re-records its graphs while
+    its previous outputs are alive, instead of replaying them.
+
+One compiled entry per backend
+    The module is compiled through `isolated_entry(module)`, a function with a code object of its own, not as
+    `torch.compile(module)`: dynamo keeps compiled entries per code object, and the class's `forward` is shared
+    by every instance and every equal `torch.compile` in the process (see `isolated_entry`). So this backend's
+    graphs, CUDA-graph recordings and recompile count are its own.
 
 Recompile limit
-    Dynamo keeps at most `torch._dynamo.config.recompile_limit` (8) compiled entries per code object, shared by
-    every `torch.compile` wrapper of the same forward, and silently runs eager beyond it. The warm-up (and the first
-    call after activation) therefore run with the limit raised to `RECOMPILE_LIMIT` for their duration only.
+    Dynamo keeps at most `torch._dynamo.config.recompile_limit` (8) compiled entries per code object and
+    silently runs eager beyond it. A backend's own entries (one per grad/inference mode, plus specialized sizes)
+    stay far below it, but the warm-up (and the first call after activation) still run with the limit raised to
+    `RECOMPILE_LIMIT` for their duration only.
 
 Deactivate
     Drops the compiled wrapper and the references to the samples. `torch._dynamo.reset()` is global (it would throw
-    away every other compiled function in the process) and is deliberately not called, so the generated code stays
-    in dynamo's per-code-object cache until the process ends; re-activating reuses it.
+    away every other compiled function in the process) and is deliberately not called. The generated code stays in
+    the cache of the backend's own entry function while the backend lives, so re-activating reuses it; a dropped
+    backend takes its compiled code with it.
 
 Checkpoint (`to_dict` / `from_dict`)
     Only the configuration, the output dtypes, the forward binder and the dynamic-axis marks are stored. The
@@ -53,6 +65,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
+from aitune_core.backends.isolated_entry import isolated_entry
 from aitune_core.log import get_logger
 from aitune_core.specs.binding import Binder
 from aitune_core.specs.tensor_spec import dtype_from_str
@@ -181,6 +194,9 @@ class TorchInductorBackend(Backend):
         self._module: torch.nn.Module | None = None
         self._binder: Binder | None = None
         self._compiled: Any = None
+        # the function compiled: calls the module under a code object of its own (module doc); it and its
+        # compiled entries live as long as this backend, so re-activating reuses them
+        self._entry: Any = None
         self._output_dtypes: list[torch.dtype] = []
         self._marks: list[_Mark] = []
         self._soft_marks = False
@@ -214,8 +230,11 @@ class TorchInductorBackend(Backend):
 
     def _compile(self) -> Any:
         cfg = self.config
+        if self._entry is None:
+            assert self._module is not None
+            self._entry = isolated_entry(self._module, f"aitune_inductor_{type(self._module).__name__}")
         return torch.compile(
-            self._module,
+            self._entry,
             backend="inductor",
             fullgraph=cfg.fullgraph,
             dynamic=cfg.dynamic,
@@ -287,8 +306,6 @@ class TorchInductorBackend(Backend):
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         compiled = self._compiled
-        if self._cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
         if self.config.autocast_enabled:
             with torch.autocast(device_type=self._device.type, dtype=self._autocast_dtype()):  # type: ignore[union-attr]
                 output = compiled(*args, **kwargs)
@@ -317,6 +334,7 @@ class TorchInductorBackend(Backend):
     # ------------------------------------------------------------------------------ hooks
     def _build(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
         self._module = module
+        self._entry = None
         self._binder = graph_spec.binder
         self._output_dtypes = [spec.dtype for spec in graph_spec.output_spec.tensors]
         self._marks = self._marks_for(graph_spec)
@@ -380,6 +398,7 @@ class TorchInductorBackend(Backend):
         if module is None:
             raise ValueError(f"{self.name}.from_dict needs the original module (its weights are saved separately)")
         self._module = module
+        self._entry = None
         self._output_dtypes = [dtype_from_str(str(d)) for d in state_dict.get(self.STATE_OUTPUT_DTYPES, [])]
         self._marks = [tuple(int(v) for v in m) for m in state_dict.get(self.STATE_DYNAMIC_MARKS, [])]  # type: ignore[misc]
         self._soft_marks = bool(state_dict.get("soft_marks", False))

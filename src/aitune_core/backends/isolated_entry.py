@@ -1,0 +1,36 @@
+"""`isolated_entry`: a function that calls `target` under a code object no other function has.
+
+Dynamo keeps its compiled entries on the code object of the outermost compiled frame. `torch.compile(module)`
+compiles `type(module).forward`, whose code object every instance of the class shares, and every other
+`torch.compile` of any instance with equal settings (Inductor's wrappers compare equal by configuration) looks
+its calls up in the same entries. Such a lookup can hit an entry compiled for another instance: parameters are
+graph inputs, so the guards pass and the other compile's graph runs. With CUDA graphs that graph's weights are
+static inputs recorded at the other instance's addresses, and every switch between the two instances
+re-records the graph ("static input data pointer changed"), which makes every call slow and can fail outright
+(on torch 2.11 a re-record at another batch size raised "length mismatch between inputs, recorded_data_ptr,
+and placeholders"). A user's own `torch.compile` of the same class, a second tuned instance, or several
+candidate backends of one tuning run would all share that way.
+
+Compiling `isolated_entry(module)` instead makes the entry's own frame the outermost one: the module's forward
+is inlined into it, the compiled entries and CUDA-graph functions belong to this entry alone, its recompiles
+count against its own limit, and they are garbage with it. Compiled code is still reused across processes and
+entries through Inductor's FX graph cache, which keys on the graph, not on the code object.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from typing import Any
+
+
+def isolated_entry(target: Callable[..., Any], name: str = "aitune_entry") -> Callable[..., Any]:
+    """`entry(*args, **kwargs) == target(*args, **kwargs)`, with a code object of its own (see the module doc)."""
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        return target(*args, **kwargs)
+
+    code = entry.__code__.replace(co_name=name)  # replace() always builds a new code object
+    isolated = types.FunctionType(code, entry.__globals__, name, None, entry.__closure__)
+    isolated.__wrapped__ = target  # type: ignore[attr-defined]
+    return isolated
