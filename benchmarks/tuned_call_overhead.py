@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import call_profiles
 import models
 import timing
 
@@ -123,38 +124,12 @@ class _Probe:
 
 def profile_table(fn, batch: models.Batch, device: str, calls: int = 50, autocast: str = "none") -> list[str]:
     """Top ops by self CPU time over `calls` calls: where a slower call path spends its host time."""
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-    call = models.caller(fn, torch.device(device).type, autocast)
-    with torch.no_grad(), profile(activities=activities) as prof:
-        for _ in range(calls):
-            call(batch)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25).splitlines()
+    return call_profiles.op_table(models.caller(fn, torch.device(device).type, autocast), batch, device, calls)
 
 
 def python_profile(fn, batch: models.Batch, device: str, calls: int = 200, autocast: str = "none") -> list[str]:
-    """Top Python functions by own time over `calls` synchronized calls (cProfile): the host time that torch's
-    profiler does not see - the hook's frames, pytree walks, CUDA-graph-tree bookkeeping. cProfile slows every
-    Python call, so compare rows with each other, never with the medians."""
-    import cProfile
-    import io
-    import pstats
-
-    call = models.caller(fn, torch.device(device).type, autocast)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    profiler = cProfile.Profile()
-    with torch.no_grad():
-        profiler.enable()
-        for _ in range(calls):
-            call(batch)
-            sync()
-        profiler.disable()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-    return [line for line in text.getvalue().splitlines() if line.strip()]
+    """Top Python functions by own time over `calls` calls (cProfile; see call_profiles)."""
+    return call_profiles.python_table(models.caller(fn, torch.device(device).type, autocast), batch, device, calls)
 
 
 def write_result(benchmark: str, out: str | Path, device: str, rows: list[dict], **extra: object) -> None:

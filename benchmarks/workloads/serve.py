@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the shared plain-torch helpers
 
+import call_profiles
 import models
 import timing
 
@@ -76,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-inputs", type=int, default=4, help="input sets rotated through (seeds 0..n-1)")
     p.add_argument("--check-seeds", type=int, nargs="*", default=[1000, 1001])
     p.add_argument("--check-out", type=Path, help="save the outputs for the check seeds here (torch.save)")
+    p.add_argument("--profile-calls", type=int, default=0,
+                   help="after serving, profile this many more calls (torch.profiler ops and cProfile functions) "
+                        "into the JSON: where a contender's per-call time goes")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     # A server configures logging; warnings from any library (aitune's JIT prints its tuning summary at exit
@@ -103,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             outputs.append(models.primary_output(out).detach().float().cpu().clone())
     if args.check_out:
         torch.save(outputs, args.check_out)
+    profiles = {}
+    if args.profile_calls > 0:
+        profiles = {
+            "profile_ops": call_profiles.op_table(call, inputs[0], str(device), calls=args.profile_calls),
+            "profile_python": call_profiles.python_table(call, inputs[0], str(device), calls=args.profile_calls),
+        }
 
     result = {
         "model": built.name,
@@ -119,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         "build_s": t_built - t_start,
         "serve": served.to_dict(),
         "check_seeds": args.check_seeds,
+        **profiles,
     }
     args.out.write_text(json.dumps(result, indent=1))
     print(

@@ -22,12 +22,14 @@ def test_workload_script_runs_eager_and_writes_its_json(tmp_path):
     out, check = tmp_path / "r.json", tmp_path / "c.pt"
     cmd = [sys.executable, str(BENCHMARKS / "workloads" / "serve.py"), "--model", "tiny_resnet", "--batch", "2",
            "--device", "cpu", "--warmup", "3", "--iters", "5", "--settle", "3", "--out", str(out),
-           "--check-out", str(check)]
+           "--check-out", str(check), "--profile-calls", "3"]
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)
     data = json.loads(out.read_text())
     assert data["module_call_patched"] is False
     assert data["serve"]["stats"]["n"] == 5
     assert data["weights_checksum"] == models.weights_checksum(models.build("tiny_resnet", 2).module)
+    assert any("aten::" in line for line in data["profile_ops"])
+    assert any("forward" in line for line in data["profile_python"])
     outputs = torch.load(check)
     assert len(outputs) == len(data["check_seeds"]) and outputs[0].shape == (2, 10)
     source = (BENCHMARKS / "workloads" / "serve.py").read_text()

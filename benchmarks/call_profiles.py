@@ -1,0 +1,50 @@
+"""Where a call spends its host time: torch.profiler's op table and cProfile's Python-function table.
+
+Plain torch and the standard library only (the workload script, which never imports aitune, uses them too).
+Both take `call(batch)` and run it `calls` times under `torch.no_grad()`, synchronizing the device after each
+call as the timed loops do. cProfile slows every Python call it sees: compare its tables with each other,
+never with measured latencies.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _sync(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+
+
+def op_table(call: Callable[[Any], Any], batch: Any, device: str, calls: int = 50, rows: int = 25) -> list[str]:
+    """Top ops by self CPU time (with their CUDA time on a GPU): extra kernels or launches show up here."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
+    sync = _sync(device)
+    with torch.no_grad(), profile(activities=activities) as prof:
+        for _ in range(calls):
+            call(batch)
+            sync()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows).splitlines()
+
+
+def python_table(call: Callable[[Any], Any], batch: Any, device: str, calls: int = 200, rows: int = 25) -> list[str]:
+    """Top Python functions by own time: host work torch.profiler does not see (hooks, pytree walks, guards,
+    CUDA-graph-tree bookkeeping)."""
+    sync = _sync(device)
+    profiler = cProfile.Profile()
+    with torch.no_grad():
+        profiler.enable()
+        for _ in range(calls):
+            call(batch)
+            sync()
+        profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(rows)
+    return [line for line in text.getvalue().splitlines() if line.strip()]
