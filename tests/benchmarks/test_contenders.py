@@ -62,3 +62,5 @@ def test_workload_commands_differ_only_in_what_the_script_is_asked_to_run(tmp_pa
     assert jit_cmd[jit_cmd.index("--autocast") + 1] == "none"
     assert compile_cmd[compile_cmd.index("--autocast") + 1] == "bf16"  # like eager: the same autocast
     assert compile_cmd[-2:] == ["--contender", "compile:default"] and "--contender" not in eager_cmd
+    ro_cmd, _ = contenders.workload_command("tiny_vit", 2, settings, "compile:reduce-overhead (workload)", **paths)
+    assert ro_cmd[-2:] == ["--contender", "compile:reduce-overhead"]

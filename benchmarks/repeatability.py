@@ -1,0 +1,146 @@
+"""How much does a contender's median move from one process to the next? JIT vs torch.compile, repeated.
+
+The suite measures each contender once. At small batches, where a call costs well under a millisecond of
+GPU time, the host decides the latency, and one H200 host measured the same JIT workload at 0.745 ms and
+0.985 ms in two consecutive processes (resnet50, batch 1, 2026-11-21). A single side-by-side figure then
+says little. This script runs the plain workload script (benchmarks/workloads/serve.py) `--repeats` times
+per contender, alternating the contenders and reversing their order on every other round so that drift on
+the host hits both alike, and reports per contender every run's median, the median of those medians and
+their spread, and per round the ratio of the JIT to the comparator measured next to it.
+
+    python benchmarks/repeatability.py --model resnet50 --batches 1 8 --repeats 3        # GPU
+    python benchmarks/repeatability.py --model tiny_resnet --batches 2 --repeats 2 --device cpu \\
+        --contenders aitune-jit "compile:default (workload)"
+
+All runs share one Inductor cache folder (first compiles are paid once; this script does not measure
+time-to-tuned, the suite does). Output: a markdown table and a JSON file under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+JIT = "aitune-jit"
+
+
+def run_order(contenders: list[str], round_index: int) -> list[str]:
+    """The contenders of one round: as given on even rounds, reversed on odd ones."""
+    return list(contenders) if round_index % 2 == 0 else list(reversed(contenders))
+
+
+def summarize_runs(medians: list[float]) -> dict[str, float]:
+    """Median of the per-process medians, and their spread (max - min) relative to it."""
+    middle = statistics.median(medians)
+    return {"median_of_medians_ms": middle, "min_ms": min(medians), "max_ms": max(medians),
+            "spread": (max(medians) - min(medians)) / middle if middle else float("nan")}
+
+
+def paired_ratios(jit: list[float | None], other: list[float | None]) -> list[float]:
+    """Per round, the comparator's median over the JIT's: throughput of the JIT relative to it (>1: faster)."""
+    return [o / j for j, o in zip(jit, other) if j and o]
+
+
+def measure(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
+    import contenders as C
+
+    settings = C.Settings(device=args.device, precision=args.precision, iters=args.iters,
+                          work_dir=Path(tempfile.mkdtemp(prefix="aitune-repeat-")))
+    rows = []
+    for batch in args.batches:
+        case = C.make_case(args.model, batch, settings)
+        runs: dict[str, list[dict[str, Any]]] = {c: [] for c in args.contenders}
+        for round_index in range(args.repeats):
+            for contender in run_order(args.contenders, round_index):
+                row = C.run_workload(case, settings, contender, jit=contender == JIT, cache_dir=cache,
+                                     timeout_s=args.timeout_s, tag=f"r{round_index}")
+                runs[contender].append(row)
+                print(f"  {args.model} b{batch} round {round_index + 1}/{args.repeats} {contender}: "
+                      f"{row.get('median_ms') or row.get('reason')}", flush=True)
+        rows.append(_case_row(args, batch, runs))
+        del case
+        C.free_memory()
+    return rows
+
+
+def _case_row(args: argparse.Namespace, batch: int, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    medians = {c: [r.get("median_ms") if r.get("status") == "ok" else None for r in rs] for c, rs in runs.items()}
+    row: dict[str, Any] = {"model": args.model, "batch": batch, "precision": args.precision, "contenders": {}}
+    for contender, values in medians.items():
+        ok = [v for v in values if v]
+        row["contenders"][contender] = {
+            "medians_ms": values,
+            **(summarize_runs(ok) if ok else {}),
+            "max_rel_err": max((r.get("rel_err") or 0.0 for r in runs[contender]), default=None),
+            "failures": [r.get("reason") for r in runs[contender] if r.get("status") != "ok"],
+        }
+        if contender != JIT and JIT in medians:
+            row["contenders"][contender]["jit_ratios"] = paired_ratios(medians[JIT], values)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | batch | contender | per-process medians ms | median | spread | JIT x this, per round |",
+             "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for contender, c in row["contenders"].items():
+            medians = ", ".join("failed" if v is None else f"{v:.3f}" for v in c["medians_ms"])
+            ratios = ", ".join(f"{r:.2f}" for r in c.get("jit_ratios", []))
+            middle = f"{c['median_of_medians_ms']:.3f}" if "median_of_medians_ms" in c else "-"
+            spread = f"{100 * c['spread']:.0f}%" if "spread" in c else "-"
+            lines.append(f"| {row['model']} | {row['batch']} | {contender} | {medians} | {middle} | {spread} | "
+                         f"{ratios} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet50")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--contenders", nargs="+", default=[JIT, "compile:reduce-overhead (workload)"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="per workload process")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    bad = [c for c in args.contenders if c != JIT and not (c.startswith(("compile:", "eager")) and
+                                                           c.endswith(" (workload)"))]
+    if bad:
+        parser.error(f"workload contenders only (aitune-jit, eager (workload), compile:<mode> (workload)): {bad}")
+
+    import suite
+
+    cache = Path(tempfile.mkdtemp(prefix="aitune-repeat-cache-"))
+    import torch
+
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    rows = measure(args, cache)
+    print()
+    print(table(rows))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    out = args.out or (Path(__file__).parent / "results" /
+                       f"repeatability-{suite.slug(suite.device_info(args.device)['name'])}-{args.model}-"
+                       f"{args.precision}-{now:%Y%m%dT%H%M%SZ}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "benchmark": "repeatability", "date": now.isoformat(timespec="seconds"),
+        "device": suite.device_info(args.device), "torch": torch.__version__, "git_commit": suite.git_commit(),
+        "command": " ".join(sys.argv), "rows": rows}, indent=1))
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
