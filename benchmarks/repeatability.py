@@ -49,6 +49,15 @@ def paired_ratios(jit: list[float | None], other: list[float | None]) -> list[fl
     return [o / j for j, o in zip(jit, other) if j and o]
 
 
+def chunk_medians(series: list[float] | None, chunks: int = 10) -> list[float]:
+    """Medians of `chunks` consecutive slices of a timed series: a level that drifts within one process (a
+    transient after compiling) shows here, a level fixed per process does not."""
+    if not series:
+        return []
+    size = max(1, len(series) // chunks)
+    return [statistics.median(series[i:i + size]) for i in range(0, size * min(chunks, len(series)), size)]
+
+
 def measure(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
     import contenders as C
 
@@ -81,6 +90,7 @@ def _case_row(args: argparse.Namespace, batch: int, runs: dict[str, list[dict[st
             **(summarize_runs(ok) if ok else {}),
             "max_rel_err": max((r.get("rel_err") or 0.0 for r in runs[contender]), default=None),
             "failures": [r.get("reason") for r in runs[contender] if r.get("status") != "ok"],
+            "chunk_medians_ms": [chunk_medians((r.get("series") or {}).get("timed_ms")) for r in runs[contender]],
         }
         if contender != JIT and JIT in medians:
             row["contenders"][contender]["jit_ratios"] = paired_ratios(medians[JIT], values)
