@@ -47,6 +47,8 @@ JIT_ENV = {"AUTOWRAPT_BOOTSTRAP": "aitune_enable_jit_tuning"}
 # The JIT's opt-in precision, read from the environment by the JIT config (the workload stays unmodified).
 JIT_PRECISION_ENV = "AITUNE_JIT_PRECISION"
 WORKLOAD = Path(__file__).resolve().parent / "workloads" / "serve.py"
+#: timed latencies kept per result row (the rest is summarized by `timed_chunk_medians_ms`)
+SERIES_KEPT = 200
 #: "compile:<mode> (workload)" runs torch.compile inside the workload script, in a process of its own
 WORKLOAD_SUFFIX = " (workload)"
 
@@ -57,6 +59,7 @@ class Settings:
     precision: str = "fp32"  # "fp32" or "bf16" (autocast)
     warmup: int = 20
     iters: int = 100
+    min_timed_s: float = 0.0
     settle: int = 20
     max_warmup_s: float = 120.0
     n_inputs: int = 4
@@ -101,7 +104,9 @@ def fill_serve(row: dict[str, Any], batch: int, served: dict[str, Any]) -> dict[
         throughput=timing.throughput(batch, stats["median_ms"]),
         first_call_s=served["first_call_s"], time_to_steady_s=served["time_to_steady_s"],
         settled=served["settled"], slow_timed_calls=served["slow_timed_calls"], n_warmup=served["n_warmup"],
-        series={"warmup_ms": served.get("warmup_ms"), "timed_ms": served.get("timed_ms")},
+        # the whole timed series can be thousands of calls (min_timed_s): keep its start and its drift
+        series={"warmup_ms": served.get("warmup_ms"), "timed_ms": (served.get("timed_ms") or [])[:SERIES_KEPT]},
+        timed_chunk_medians_ms=timing.chunk_medians(served.get("timed_ms")),
     )
     return row
 
@@ -136,7 +141,7 @@ def _serve_and_check(row: dict[str, Any], case: Case, target: Callable[..., Any]
     with torch.no_grad():
         served = timing.serve_loop(
             call, case.inputs, settings.device, warmup=settings.warmup, iters=settings.iters,
-            settle=settings.settle, max_warmup_s=settings.max_warmup_s,
+            settle=settings.settle, max_warmup_s=settings.max_warmup_s, min_timed_s=settings.min_timed_s,
         )
         outputs = [models.primary_output(call(b)).detach().float().cpu().clone() for b in case.check_inputs]
     fill_serve(row, case.built.batch, served.to_dict())
@@ -298,6 +303,7 @@ def workload_command(
     cmd = [
         sys.executable, str(WORKLOAD), "--model", name, "--batch", str(batch), "--device", settings.device,
         "--warmup", str(settings.warmup), "--iters", str(settings.iters), "--settle", str(settings.settle),
+        "--min-timed-s", str(settings.min_timed_s),
         "--max-warmup-s", str(max(settings.max_warmup_s, timeout_s - 60)), "--n-inputs", str(settings.n_inputs),
         "--check-seeds", *map(str, settings.check_seeds), "--check-out", str(out_pt), "--out", str(out_json),
         # the JIT tunes the user's fp32 script (its precision comes from the env); the others get the autocast

@@ -23,6 +23,7 @@ DEFAULTS = suite.SuiteDefaults(
     batches=[1, 8, 32],
     warmup=20,
     iters=100,
+    min_timed_s=2.0,
     settle=20,
     max_warmup_s=120.0,
     budget_s=530.0,

@@ -49,20 +49,11 @@ def paired_ratios(jit: list[float | None], other: list[float | None]) -> list[fl
     return [o / j for j, o in zip(jit, other) if j and o]
 
 
-def chunk_medians(series: list[float] | None, chunks: int = 10) -> list[float]:
-    """Medians of `chunks` consecutive slices of a timed series: a level that drifts within one process (a
-    transient after compiling) shows here, a level fixed per process does not."""
-    if not series:
-        return []
-    size = max(1, len(series) // chunks)
-    return [statistics.median(series[i:i + size]) for i in range(0, size * min(chunks, len(series)), size)]
-
-
 def measure(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
     import contenders as C
 
     settings = C.Settings(device=args.device, precision=args.precision, iters=args.iters,
-                          work_dir=Path(tempfile.mkdtemp(prefix="aitune-repeat-")))
+                          min_timed_s=args.min_timed_s, work_dir=Path(tempfile.mkdtemp(prefix="aitune-repeat-")))
     rows = []
     for batch in args.batches:
         case = C.make_case(args.model, batch, settings)
@@ -90,7 +81,7 @@ def _case_row(args: argparse.Namespace, batch: int, runs: dict[str, list[dict[st
             **(summarize_runs(ok) if ok else {}),
             "max_rel_err": max((r.get("rel_err") or 0.0 for r in runs[contender]), default=None),
             "failures": [r.get("reason") for r in runs[contender] if r.get("status") != "ok"],
-            "chunk_medians_ms": [chunk_medians((r.get("series") or {}).get("timed_ms")) for r in runs[contender]],
+            "chunk_medians_ms": [r.get("timed_chunk_medians_ms", []) for r in runs[contender]],
         }
         if contender != JIT and JIT in medians:
             row["contenders"][contender]["jit_ratios"] = paired_ratios(medians[JIT], values)
@@ -119,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contenders", nargs="+", default=[JIT, "compile:reduce-overhead (workload)"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=100)
+    parser.add_argument("--min-timed-s", type=float, default=2.0, help="time calls for at least this long")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per workload process")
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", type=Path, default=None)

@@ -61,6 +61,7 @@ class SuiteDefaults:
     estimates_s: dict[str, float]  # a contender's expected wall time until one has been measured in this run
     contenders: tuple[str, ...] = ALL_CONTENDERS
     threads: int | None = None  # CPU threads for every contender (None: torch's default)
+    min_timed_s: float = 0.0  # timed calls last at least this long (timing.serve_loop)
 
 
 def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
@@ -80,6 +81,8 @@ def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
                         + (f" (default {d.threads})" if d.threads else " (default: torch's)"))
     p.add_argument("--warmup", type=int, default=d.warmup, help="minimum warm-up calls")
     p.add_argument("--iters", type=int, default=d.iters, help="timed calls (the median is reported)")
+    p.add_argument("--min-timed-s", type=float, default=d.min_timed_s,
+                   help=f"time calls for at least this many seconds (default {d.min_timed_s}; see timing.py)")
     p.add_argument("--settle", type=int, default=d.settle, help="warm-up ends after this many stable calls")
     p.add_argument("--max-warmup-s", type=float, default=d.max_warmup_s)
     p.add_argument("--budget-s", type=float, default=d.budget_s,
@@ -195,8 +198,8 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") and Path(os.environ["OUT"]).is_dir() else None
 
     settings = C.Settings(
-        device=args.device, precision=args.precision, warmup=args.warmup, iters=args.iters, settle=args.settle,
-        max_warmup_s=args.max_warmup_s, work_dir=args.results_dir,
+        device=args.device, precision=args.precision, warmup=args.warmup, iters=args.iters,
+        min_timed_s=args.min_timed_s, settle=args.settle, max_warmup_s=args.max_warmup_s, work_dir=args.results_dir,
     )
     doc: dict[str, Any] = {
         "schema": report.SCHEMA,
@@ -211,7 +214,8 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "settings": {
             "precision": args.precision, "batches": args.batches, "models": names, "contenders": args.contenders,
-            "warmup": args.warmup, "iters": args.iters, "settle": args.settle, "max_warmup_s": args.max_warmup_s,
+            "warmup": args.warmup, "iters": args.iters, "min_timed_s": args.min_timed_s,
+            "settle": args.settle, "max_warmup_s": args.max_warmup_s,
             "n_inputs": settings.n_inputs, "check_seeds": list(settings.check_seeds),
             "steady_threshold": 1.5, "budget_s": args.budget_s, "inductor_cache": "fresh per run; one for the suite's "
             "process, another for the workload subprocesses (cold first compile for torch.compile and the JIT)",

@@ -11,7 +11,11 @@ The loop has two phases:
   warm-up   at least `warmup` calls, then more until the last `settle` calls are stable (each within
             `threshold` x their own median) or `max_warmup_s` has passed. Compiles, JIT tuning and
             recompiles happen here.
-  timed     `iters` further calls; their median is the reported latency.
+  timed     `iters` further calls, and more until they have taken `min_timed_s` of wall time; their
+            median is the reported latency. At small batches a call costs well under a millisecond and the
+            host decides the latency; its speed drifts over seconds (on one H200 host, 2026-11-21, a
+            process's level moved by up to 25% within 3 s), so 100 calls - a tenth of a second - are a
+            sample of one moment. A floor of seconds makes every contender's median span the drift.
 
 Time to steady state (`time_to_steady_s`, reported for the JIT as time-to-tuned): the wall time from the
 start of the first call to the end of the last warm-up call whose latency exceeds `threshold` (1.5) x the
@@ -48,6 +52,15 @@ class Stats:
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
+
+
+def chunk_medians(series: Sequence[float] | None, chunks: int = 10) -> list[float]:
+    """Medians of `chunks` consecutive slices of a timed series: a level that drifts within one process (a
+    transient after compiling, the host's speed moving) shows here; a level fixed per process does not."""
+    if not series:
+        return []
+    size = max(1, len(series) // chunks)
+    return [statistics.median(series[i:i + size]) for i in range(0, size * min(chunks, len(series)), size)]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -180,6 +193,7 @@ def serve_loop(
     settle: int = 20,
     max_warmup_s: float = 120.0,
     threshold: float = STEADY_THRESHOLD,
+    min_timed_s: float = 0.0,
 ) -> ServeResult:
     """Call `fn(inputs[i % len(inputs)])` through a warm-up and a timed phase (see the module docstring)."""
     device = torch.device(device)
@@ -200,7 +214,8 @@ def serve_loop(
             settled = False
             break
     timed = []
-    for _ in range(iters):
+    timed_start = time.perf_counter()
+    while len(timed) < iters or time.perf_counter() - timed_start < min_timed_s:
         ms, t0, t1, _ = timer(lambda i=i: fn(inputs[i % len(inputs)]))
         timed.append(ms)
         starts.append(t0)

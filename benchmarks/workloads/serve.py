@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--settle", type=int, default=20)
+    p.add_argument("--min-timed-s", type=float, default=0.0, help="time calls for at least this long (timing.py)")
     p.add_argument("--max-warmup-s", type=float, default=300.0)
     p.add_argument("--n-inputs", type=int, default=4, help="input sets rotated through (seeds 0..n-1)")
     p.add_argument("--check-seeds", type=int, nargs="*", default=[1000, 1001])
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.no_grad():
         served = timing.serve_loop(
             call, inputs, device, warmup=args.warmup, iters=args.iters, settle=args.settle,
-            max_warmup_s=args.max_warmup_s,
+            max_warmup_s=args.max_warmup_s, min_timed_s=args.min_timed_s,
         )
         outputs = []
         for seed in args.check_seeds:

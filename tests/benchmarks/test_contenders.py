@@ -21,6 +21,17 @@ def test_fill_serve_and_check_make_an_ok_row():
     assert row["status"] == "ok"
 
 
+def test_fill_serve_keeps_the_start_of_a_long_series_and_its_drift():
+    row = contenders.row_template("m", 1, "fp32", "eager")
+    timed = [2.0] * 1000 + [1.0] * 1000
+    served = {"stats": {"median_ms": 1.5, "p10_ms": 1.0, "p90_ms": 2.0}, "first_call_s": 0.5,
+              "time_to_steady_s": 0.5, "settled": True, "slow_timed_calls": 0, "n_warmup": 20,
+              "warmup_ms": [5.0], "timed_ms": timed}
+    contenders.fill_serve(row, 1, served)
+    assert row["series"]["timed_ms"] == timed[: contenders.SERIES_KEPT]
+    assert row["timed_chunk_medians_ms"] == [2.0] * 5 + [1.0] * 5
+
+
 def test_workload_env_never_inherits_the_hook(monkeypatch, tmp_path):
     monkeypatch.setenv("AUTOWRAPT_BOOTSTRAP", "aitune_enable_jit_tuning")
     monkeypatch.setenv(contenders.JIT_PRECISION_ENV, "bf16")

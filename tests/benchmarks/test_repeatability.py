@@ -37,10 +37,3 @@ def test_table_shows_failures_and_per_round_ratios():
 def test_only_workload_contenders_are_accepted():
     with pytest.raises(SystemExit):
         rep.main(["--contenders", "aitune-jit", "compile:default"])
-
-
-def test_chunk_medians_follow_a_level_that_drifts_within_a_process():
-    series = [2.0] * 10 + [1.0] * 10
-    assert rep.chunk_medians(series, chunks=4) == [2.0, 2.0, 1.0, 1.0]
-    assert rep.chunk_medians([], chunks=4) == []
-    assert rep.chunk_medians([3.0], chunks=4) == [3.0]

@@ -73,6 +73,25 @@ def test_serve_loop_on_cpu_measures_a_slow_first_call():
     assert d["stats"]["n"] == 10 and len(d["timed_ms"]) == 10
 
 
+def test_serve_loop_keeps_timing_until_the_minimum_duration():
+    def fn(x):
+        time.sleep(0.01)
+        return x
+
+    result = timing.serve_loop(fn, [1], "cpu", warmup=2, iters=3, settle=2, max_warmup_s=5, min_timed_s=0.2)
+    assert len(result.timed_ms) >= 15  # 0.2 s of 10 ms calls, well past the 3 asked for
+    assert sum(result.timed_ms) >= 190
+    short = timing.serve_loop(fn, [1], "cpu", warmup=2, iters=3, settle=2, max_warmup_s=5)
+    assert len(short.timed_ms) == 3
+
+
+def test_chunk_medians_follow_a_level_that_drifts_within_a_process():
+    series = [2.0] * 10 + [1.0] * 10
+    assert timing.chunk_medians(series, chunks=4) == [2.0, 2.0, 1.0, 1.0]
+    assert timing.chunk_medians([], chunks=4) == []
+    assert timing.chunk_medians([3.0], chunks=4) == [3.0]
+
+
 def test_relative_error():
     ref = torch.tensor([3.0, 4.0])
     rel, max_abs = timing.relative_error(torch.tensor([3.0, 4.5]), ref)
