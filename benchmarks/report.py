@@ -36,6 +36,8 @@ SCHEMA = "aitune-bench/1"
 WORKLOAD_COMPILE = "compile:default (workload)"
 REQUIRED_ROW_KEYS = ("model", "batch", "precision", "contender", "status")
 OK_ROW_KEYS = ("median_ms", "p10_ms", "p90_ms", "throughput", "first_call_s", "time_to_steady_s", "rel_err")
+#: a run whose timed phase lasted at least this long per contender outranks the 100-call runs (`sections`)
+LONG_WINDOW_S = 1.0
 REQUIRED_DOC_KEYS = ("schema", "suite", "date", "device", "torch", "settings", "results")
 
 
@@ -192,35 +194,40 @@ def sections(docs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Speedups are computed inside each file before merging, so every ratio in the table compares contenders
     of one run; each row keeps the number of its run (`run`, 1 = oldest file of the section). For each
-    (model, batch) the run that measured the most contenders of it is preferred (the newest among equals),
+    (model, batch) a run that timed its calls for at least `LONG_WINDOW_S` per contender is preferred over
+    runs that timed 100 calls (a tenth of a second at small batches: a sample of one moment of the host,
+    see timing.py); among those, the run that measured the most contenders of it (the newest among equals),
     so a case's rows come from one side-by-side comparison where possible; other runs only add contenders
     it lacks (a run made to add one slow contender, say) or measured where it did not.
     """
     out: dict[tuple, dict[str, Any]] = {}
+    long_window: dict[tuple, set[int]] = {}
     for doc in sorted(docs, key=lambda d: d["date"]):
         key = (doc["suite"], doc["device"]["name"], doc["settings"]["precision"])
         sec = out.setdefault(key, {"suite": key[0], "device": doc["device"], "precision": key[2], "docs": [],
                                    "by_case": {}})
         sec["docs"].append(doc)
         run = len(sec["docs"])
+        if (doc["settings"].get("min_timed_s") or 0.0) >= LONG_WINDOW_S:
+            long_window.setdefault(key, set()).add(run)
         for r in with_speedups(doc["results"]):
             r["run"] = run
             sec["by_case"].setdefault((r["model"], r["batch"]), {}).setdefault(run, []).append(r)
     result = []
-    for sec in out.values():
-        rows = [r for runs in sec.pop("by_case").values() for r in _pick_rows(runs)]
+    for key, sec in out.items():
+        rows = [r for runs in sec.pop("by_case").values() for r in _pick_rows(runs, long_window.get(key, set()))]
         sec["rows"] = sort_rows(rows)
         result.append(sec)
     return sorted(result, key=lambda s: (s["suite"] != "gpu", s["device"]["name"], s["precision"]))
 
 
-def _pick_rows(runs: dict[int, list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One row per contender of a case: from the most complete run that measured it (see `sections`)."""
+def _pick_rows(runs: dict[int, list[dict[str, Any]]], long_window: set[int] = frozenset()) -> list[dict[str, Any]]:
+    """One row per contender of a case: from the best run that measured it (see `sections`)."""
 
     def measured(run: int) -> int:
         return sum(1 for r in runs[run] if r["status"] == "ok")
 
-    ranked = sorted(runs, key=lambda run: (measured(run), run), reverse=True)
+    ranked = sorted(runs, key=lambda run: (run in long_window, measured(run), run), reverse=True)
     chosen: dict[str, dict[str, Any]] = {}
     for run in ranked:
         for r in runs[run]:

@@ -96,6 +96,17 @@ def test_sections_take_a_case_from_its_most_complete_run():
     assert ma["speedup_vs_eager"] == pytest.approx(2.0)  # against its own run's eager (11 ms)
 
 
+def test_a_run_with_long_timing_windows_outranks_fuller_short_ones():
+    full = _doc([_row("eager", 10.0), _row("aitune-jit", 5.0), _row("compile:reduce-overhead", 4.0),
+                 _row("compile:default", 6.0)], date="2026-11-21T10:00:00+00:00")
+    long = _doc([_row("eager", 10.0), _row("aitune-jit", 4.1), _row("compile:reduce-overhead", 4.0)],
+                date="2026-11-21T09:00:00+00:00")
+    long["settings"]["min_timed_s"] = 2.0
+    rows = {r["contender"]: r for r in report.sections([full, long])[0]["rows"]}
+    assert rows["aitune-jit"]["median_ms"] == 4.1 and rows["aitune-jit"]["run"] == 1  # the long run (older)
+    assert rows["compile:default"]["run"] == 2  # only what the long run lacks comes from the other
+
+
 def test_sections_merge_parts_newest_wins_and_doc_markers(tmp_path):
     part1 = _doc([_row("eager", 10.0), _row("aitune-jit", 5.0)], date="2026-11-21T10:00:00+00:00")
     part2 = _doc([{**_row("eager", 20.0), "model": "n"}], date="2026-11-21T11:00:00+00:00")
