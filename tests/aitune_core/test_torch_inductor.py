@@ -191,6 +191,33 @@ def test_cudagraph_outputs_are_cloned_without_mark_steps(monkeypatch):
     assert torch.equal(first, torch.ones(2, 2))
 
 
+def test_autocast_cudagraph_outputs_are_owned_with_one_copy_each(monkeypatch):
+    low = torch.zeros(2, 2, dtype=torch.bfloat16)  # graph buffers: a bf16 output cast back, an int64 one kept
+    ids = torch.zeros(2, dtype=torch.int64)
+
+    def compiled(x):
+        low.copy_(x)
+        ids.copy_(x[:, 0].long())
+        return {"out": low, "ids": ids}
+
+    clones = []
+    original_clone = torch.Tensor.clone
+
+    def counting_clone(self, *args, **kwargs):
+        clones.append(self.dtype)
+        return original_clone(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "clone", counting_clone)
+    config = TorchInductorBackendConfig(mode="reduce-overhead", autocast_enabled=True, autocast_dtype=torch.bfloat16)
+    backend = _runtime_only(config, compiled, [torch.float32, torch.int64])
+    backend._cudagraphs = True
+    first = backend._run((torch.ones(2, 2),), {})
+    backend._run((torch.full((2, 2), 7.0),), {})
+    assert first["out"].dtype == torch.float32 and torch.equal(first["out"], torch.ones(2, 2))
+    assert torch.equal(first["ids"], torch.ones(2, dtype=torch.int64))  # not overwritten by the second call
+    assert clones == [torch.int64, torch.int64]  # the cast output was not cloned on top of its cast
+
+
 # ------------------------------------------------------------------------- GPU (run by the lead on the GPU machine)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

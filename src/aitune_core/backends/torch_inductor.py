@@ -292,7 +292,10 @@ class TorchInductorBackend(Backend):
         new_args, new_kwargs = binder.unbind(unflatten(treedef, values))
         return tuple(new_args), dict(new_kwargs)
 
-    def _restore_output_dtypes(self, output: Any) -> Any:
+    def _restore_output_dtypes(self, output: Any, *, own: bool = False) -> Any:
+        """Cast floating outputs back to the dtypes the original module returned. With `own` (CUDA graphs), every
+        output tensor is also made the caller's: a cast already is a new tensor, the others are cloned - one
+        copy per output, never a cast followed by a clone."""
         values, treedef = flatten_values(output)
         dtypes = iter(self._output_dtypes)
         changed = False
@@ -302,6 +305,9 @@ class TorchInductorBackend(Backend):
                 if want is not None and value.dtype != want and value.is_floating_point() and want.is_floating_point:
                     values[index] = value.to(want)
                     changed = True
+                elif own:
+                    values[index] = value.clone()
+                    changed = True
         return unflatten(treedef, values) if changed else output
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -309,9 +315,8 @@ class TorchInductorBackend(Backend):
         if self.config.autocast_enabled:
             with torch.autocast(device_type=self._device.type, dtype=self._autocast_dtype()):  # type: ignore[union-attr]
                 output = compiled(*args, **kwargs)
-            output = self._restore_output_dtypes(output)
-        else:
-            output = compiled(*args, **kwargs)
+            return self._restore_output_dtypes(output, own=self._cudagraphs)
+        output = compiled(*args, **kwargs)
         if self._cudagraphs:
             # the next replay overwrites the graph's output buffers: give the caller tensors it owns
             # (a bare tensor, the common case, skips the pytree walk: this is on every call's path)
