@@ -248,3 +248,34 @@ def test_inductor_on_cuda(config, tmp_path):
             torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
             assert out.dtype == torch.float32
     assert _unique_graphs() == compiled_graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@needs_cuda
+def test_cuda_graph_backend_leaves_the_users_cuda_graph_functions_alone(tmp_path):
+    """Beside a user's own reduce-overhead compile of another instance of the same class: the backend compiles
+    its own graph, never switches CUDA-graph trees to mark-step generations, and the user's function keeps
+    replaying (holding its last output across calls, as user code does) instead of re-recording."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import cudagraph_trees
+
+    model = TinyMLP().eval()
+    users = torch.compile(TinyMLP().eval().cuda(), mode="reduce-overhead")
+    spec, data = record(model, batch_sizes=(4,))
+    model.cuda()
+    x = torch.randn(4, 8, device="cuda")
+    with torch.no_grad():
+        for _ in range(3):
+            users(x)  # warm-up and recording of the user's graph
+        backend = TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead")).build(
+            model, spec, data, torch.device("cuda"), tmp_path)
+        recorded = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+        held = users(x)
+        for _ in range(5):
+            ours = backend.infer(x)
+            held = users(x)
+    assert cudagraph_trees.MarkStepBox.mark_step_counter == 0
+    torch.testing.assert_close(ours, model(x), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(held, users._orig_mod(x), rtol=1e-3, atol=1e-3)
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == recorded, "a graph was recorded again"
