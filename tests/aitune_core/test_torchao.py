@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from backend_models import MLP, ConvOnly, TransformerBlock, block_call, image_call, mlp_call, record
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 from aitune_core.backends.backend import BackendState
 from aitune_core.backends.torchao import (
@@ -161,13 +162,18 @@ def test_checkpoint_restores_quantized_weights_without_quantizing_again(tmp_path
 @pytest.mark.slow
 def test_compile_true_wraps_the_quantized_copy_with_inductor(tmp_path):
     module = MLP().eval()
+    class_entries = len(_debug_get_cache_entry_list(MLP.forward.__code__))
     backend = TorchAOBackend(TorchAOBackendConfig(quantization_config=quantization.Int8WeightOnlyConfig()))
     backend, _ = _tune(module, mlp_call, tmp_path, backend)
-    assert type(backend._runner).__name__ == "OptimizedModule"
+    entry = backend._runner._torchdynamo_orig_callable  # torch.compile's wrapper of the function it compiles
+    assert entry.__wrapped__ is backend._quantized
     (x,), _ = mlp_call(5)
     tol = backend.tolerance(torch.float32)
     with torch.no_grad():
         torch.testing.assert_close(backend.infer(x), module(x), rtol=tol.rtol, atol=tol.atol)
+    # compiled on its own entry: dynamo's entries are on it, none added to the class's forward (isolated_entry)
+    assert len(_debug_get_cache_entry_list(entry.__code__)) >= 1
+    assert len(_debug_get_cache_entry_list(MLP.forward.__code__)) == class_entries
 
 
 @pytest.mark.parametrize("config_name", list(CONFIGS))

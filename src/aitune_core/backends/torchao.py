@@ -13,8 +13,9 @@ Build
     A config that quantizes nothing in the module (e.g. no `nn.Linear` layers) fails the build instead of
     pretending. Float8 configs need a CUDA device of compute capability >= 8.9 (checked before quantizing). With
     `compile=True` (the default) the quantized copy is wrapped in `torch.compile(backend="inductor")`, which is
-    where torchao's speed-ups come from on GPU; `compile=False` runs the quantized copy eagerly (faster to build,
-    used by the CPU tests). The quantized copy lives on the build device.
+    where torchao's speed-ups come from on GPU (through an `isolated_entry`: its compiled code is its own);
+    `compile=False` runs the quantized copy eagerly (faster to build, used by the CPU tests). The quantized copy
+    lives on the build device.
 
 Validation
     Quantized outputs are compared with the un-quantized module's outputs, so this backend validates with
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
+from aitune_core.backends.isolated_entry import isolated_entry
 from aitune_core.backends.optional_import import import_optional
 from aitune_core.errors import BackendBuildError
 from aitune_core.log import get_logger
@@ -209,7 +211,11 @@ class TorchAOBackend(Backend):
 
     def _set_quantized(self, quantized: torch.nn.Module) -> None:
         self._quantized = quantized
-        self._runner = torch.compile(quantized, backend="inductor") if self.config.compile else quantized
+        if self.config.compile:  # on an entry of its own: never shares compiled code with another compile of the class
+            entry = isolated_entry(quantized, f"aitune_torchao_{type(quantized).__name__}")
+            self._runner = torch.compile(entry, backend="inductor")
+        else:
+            self._runner = quantized
 
     def _save_quantized(self) -> Path:
         """Write the quantized state dict once; later calls return the same file."""
