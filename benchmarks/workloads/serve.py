@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             "profile_ops": call_profiles.op_table(call, inputs[0], str(device), calls=args.profile_calls),
             "profile_python": call_profiles.python_table(call, inputs[0], str(device), calls=args.profile_calls),
         }
+        if device.type == "cuda":  # the kernels by GPU time: do two processes run the same ones?
+            profiles["profile_kernels"] = call_profiles.op_table(
+                call, inputs[0], str(device), calls=args.profile_calls, rows=40, sort_by="self_cuda_time_total")
 
     result = {
         "model": built.name,

@@ -1,5 +1,6 @@
 """benchmarks/call_profiles.py: op and Python-function tables of repeated calls."""
 
+import pytest
 import torch
 
 import call_profiles
@@ -18,3 +19,11 @@ def test_python_table_counts_each_call_of_the_profiled_function():
     lines = call_profiles.python_table(function_under_test, torch.ones(2), "cpu", calls=7)
     rows = [line for line in lines if "function_under_test" in line]
     assert rows and rows[0].split()[0] == "7"
+
+
+def test_op_table_ranks_by_the_column_asked_for():
+    lines = call_profiles.op_table(lambda t: torch.relu(t @ t), torch.ones(4, 4), "cpu", calls=2,
+                                   sort_by="cpu_time_total")
+    assert any("aten::mm" in line for line in lines)
+    with pytest.raises(AttributeError):  # the key reaches torch.profiler's table (no silent default)
+        call_profiles.op_table(lambda t: t * 2, torch.ones(2), "cpu", calls=1, sort_by="no_such_column")
