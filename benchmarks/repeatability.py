@@ -49,11 +49,13 @@ def paired_ratios(jit: list[float | None], other: list[float | None]) -> list[fl
     return [o / j for j, o in zip(jit, other) if j and o]
 
 
-def measure(args: argparse.Namespace, cache: Path) -> list[dict[str, Any]]:
+def measure(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
+    """Every round of every case; the workloads' logs and their shared Inductor cache go under `scratch`."""
     import contenders as C
 
     settings = C.Settings(device=args.device, precision=args.precision, iters=args.iters,
-                          min_timed_s=args.min_timed_s, work_dir=Path(tempfile.mkdtemp(prefix="aitune-repeat-")))
+                          min_timed_s=args.min_timed_s, work_dir=scratch / "work")
+    cache = scratch / "cache"
     rows = []
     for batch in args.batches:
         case = C.make_case(args.model, batch, settings)
@@ -122,23 +124,23 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         parser.error(f"workload contenders only (aitune-jit, eager (workload), compile:<mode> (workload)): {bad}")
 
-    import suite
-
-    cache = Path(tempfile.mkdtemp(prefix="aitune-repeat-cache-"))
     import torch
 
+    import suite
+
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    rows = measure(args, cache)
+    with tempfile.TemporaryDirectory(prefix="aitune-repeat-") as scratch:  # Inductor caches can be large
+        rows = measure(args, Path(scratch))
     print()
     print(table(rows))
     now = datetime.datetime.now(datetime.timezone.utc)
-    out = args.out or (Path(__file__).parent / "results" /
-                       f"repeatability-{suite.slug(suite.device_info(args.device)['name'])}-{args.model}-"
-                       f"{args.precision}-{now:%Y%m%dT%H%M%SZ}.json")
+    device = suite.device_info(args.device)
+    out = args.out or (Path(__file__).parent / "results" / f"repeatability-{suite.slug(device['name'])}-"
+                       f"{args.model}-{args.precision}-{now:%Y%m%dT%H%M%SZ}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "benchmark": "repeatability", "date": now.isoformat(timespec="seconds"),
-        "device": suite.device_info(args.device), "torch": torch.__version__, "git_commit": suite.git_commit(),
+        "device": device, "torch": torch.__version__, "git_commit": suite.git_commit(),
         "command": " ".join(sys.argv), "rows": rows}, indent=1))
     print(f"\nresults: {out}")
     return 0
