@@ -11,6 +11,7 @@ from __future__ import annotations
 import cProfile
 import io
 import pstats
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -53,3 +54,21 @@ def python_table(call: Callable[[Any], Any], batch: Any, device: str, calls: int
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(rows)
     return [line for line in text.getvalue().splitlines() if line.strip()]
+
+
+_TOTAL = re.compile(r"^Self (CPU|CUDA) time total:\s*([0-9.]+)\s*(us|ms|s)\s*$")
+_SCALE_TO_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def table_totals(lines: list[str], calls: int) -> dict[str, float]:
+    """Per call, the profiled host time (`cpu_ms`) and device time (`cuda_ms`) from an `op_table` footer.
+
+    Two processes of one contender whose latencies differ: equal `cuda_ms` puts the difference on the host side,
+    unequal `cuda_ms` on the kernels the process runs."""
+    totals: dict[str, float] = {}
+    for line in lines:
+        match = _TOTAL.match(line.strip())
+        if match:
+            kind, value, unit = match.groups()
+            totals[f"{kind.lower()}_ms"] = float(value) * _SCALE_TO_MS[unit] / max(1, calls)
+    return totals

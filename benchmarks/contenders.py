@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+import call_profiles
 import models
 import timing
 from report import WORKLOAD_COMPILE  # noqa: F401  (re-exported: suite.py and the tests use C.WORKLOAD_COMPILE)
@@ -65,6 +66,7 @@ class Settings:
     n_inputs: int = 4
     check_seeds: tuple[int, ...] = (1000, 1001)
     work_dir: Path = Path("benchmarks/results")
+    profile_calls: int = 0  # workload contenders: profile this many more calls after serving (serve.py)
 
     @property
     def autocast(self) -> str:
@@ -309,9 +311,25 @@ def workload_command(
         # the JIT tunes the user's fp32 script (its precision comes from the env); the others get the autocast
         "--autocast", "none" if jit else settings.autocast,
     ]
+    if settings.profile_calls > 0:
+        cmd += ["--profile-calls", str(settings.profile_calls)]
     if contender.startswith("compile:") and contender.endswith(WORKLOAD_SUFFIX):
         cmd += ["--contender", contender.removesuffix(WORKLOAD_SUFFIX)]  # e.g. WORKLOAD_COMPILE
     return cmd, extra
+
+
+PROFILE_KEYS = ("profile_kernels", "profile_ops", "profile_python")
+
+
+def fill_profile(row: dict[str, Any], data: dict[str, Any], calls: int) -> dict[str, Any]:
+    """The workload's profile tables, and per call the host and device time of the kernel-ranked one: what two
+    processes of one contender that measured different latencies did differently."""
+    tables = {key: data[key] for key in PROFILE_KEYS if key in data}
+    if tables:
+        row["profile"] = tables
+        ranked = tables.get("profile_kernels") or tables.get("profile_ops") or []
+        row["profile_per_call_ms"] = call_profiles.table_totals(ranked, calls)
+    return row
 
 
 def run_workload(
@@ -346,6 +364,7 @@ def run_workload(
         fill_serve(row, batch, data["serve"])
         row["module_call_patched"] = data["module_call_patched"]
         row["build_s"] = data["build_s"]
+        fill_profile(row, data, settings.profile_calls)
         if abs(data["weights_checksum"] - case.checksum) > 1e-6 * max(1.0, abs(case.checksum)):
             return skipped(row, f"weights differ from the suite's (checksum {data['weights_checksum']} vs "
                                 f"{case.checksum})", status="failed")

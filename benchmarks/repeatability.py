@@ -13,7 +13,14 @@ their spread, and per round the ratio of the JIT to the comparator measured next
         --contenders aitune-jit "compile:default (workload)"
 
 All runs share one Inductor cache folder (first compiles are paid once; this script does not measure
-time-to-tuned, the suite does). Output: a markdown table and a JSON file under benchmarks/results/.
+time-to-tuned, the suite does), unless `--fresh-cache` gives every process an empty one of its own, as each
+suite run has: then every process makes its own autotuning choices. `--profile-calls N` has every process
+profile N more calls after serving and adds its GPU and host time per call to the table: equal GPU time with
+unequal latency puts a difference on the host, unequal GPU time on the kernels.
+
+    python benchmarks/repeatability.py --model resnet50 --batches 8 --repeats 3 --fresh-cache --profile-calls 200
+
+Output: a markdown table and a JSON file under benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -49,21 +57,29 @@ def paired_ratios(jit: list[float | None], other: list[float | None]) -> list[fl
     return [o / j for j, o in zip(jit, other) if j and o]
 
 
+def cache_folder(scratch: Path, fresh: bool, run_label: str) -> Path:
+    """The Inductor cache of one workload process: shared by all, or (fresh) an empty one of its own."""
+    if not fresh:
+        return scratch / "cache"
+    return scratch / "caches" / re.sub(r"[^A-Za-z0-9]+", "-", run_label).strip("-")
+
+
 def measure(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
     """Every round of every case; the workloads' logs and their shared Inductor cache go under `scratch`."""
     import contenders as C
 
     settings = C.Settings(device=args.device, precision=args.precision, iters=args.iters,
-                          min_timed_s=args.min_timed_s, work_dir=scratch / "work")
-    cache = scratch / "cache"
+                          min_timed_s=args.min_timed_s, work_dir=scratch / "work", profile_calls=args.profile_calls)
     rows = []
     for batch in args.batches:
         case = C.make_case(args.model, batch, settings)
         runs: dict[str, list[dict[str, Any]]] = {c: [] for c in args.contenders}
         for round_index in range(args.repeats):
             for contender in run_order(args.contenders, round_index):
+                tag = f"r{round_index}"
+                cache = cache_folder(scratch, args.fresh_cache, f"b{batch}-{tag}-{contender}")
                 row = C.run_workload(case, settings, contender, jit=contender == JIT, cache_dir=cache,
-                                     timeout_s=args.timeout_s, tag=f"r{round_index}")
+                                     timeout_s=args.timeout_s, tag=tag)
                 runs[contender].append(row)
                 print(f"  {args.model} b{batch} round {round_index + 1}/{args.repeats} {contender}: "
                       f"{row.get('median_ms') or row.get('reason')}", flush=True)
@@ -84,23 +100,37 @@ def _case_row(args: argparse.Namespace, batch: int, runs: dict[str, list[dict[st
             "max_rel_err": max((r.get("rel_err") or 0.0 for r in runs[contender]), default=None),
             "failures": [r.get("reason") for r in runs[contender] if r.get("status") != "ok"],
             "chunk_medians_ms": [r.get("timed_chunk_medians_ms", []) for r in runs[contender]],
+            "profile_per_call_ms": [r.get("profile_per_call_ms") for r in runs[contender]],
+            "profiles": [r.get("profile") for r in runs[contender]],
         }
         if contender != JIT and JIT in medians:
             row["contenders"][contender]["jit_ratios"] = paired_ratios(medians[JIT], values)
     return row
 
 
+def _per_call(profiles: list[dict[str, float] | None], key: str) -> str:
+    return ", ".join(f"{p[key]:.3f}" if p and key in p else "-" for p in profiles)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | batch | contender | per-process medians ms | median | spread | JIT x this, per round |",
-             "|---|---|---|---|---|---|---|"]
+    """One line per contender and case; with profiles, each process's profiled GPU and host ms per call."""
+    profiled = any(any(c.get("profile_per_call_ms") or []) for row in rows for c in row["contenders"].values())
+    head = "| model | batch | contender | per-process medians ms | median | spread | JIT x this, per round |"
+    rule = "|---|---|---|---|---|---|---|"
+    if profiled:
+        head, rule = head + " profiled GPU ms/call | profiled host ms/call |", rule + "---|---|"
+    lines = [head, rule]
     for row in rows:
         for contender, c in row["contenders"].items():
             medians = ", ".join("failed" if v is None else f"{v:.3f}" for v in c["medians_ms"])
             ratios = ", ".join(f"{r:.2f}" for r in c.get("jit_ratios", []))
             middle = f"{c['median_of_medians_ms']:.3f}" if "median_of_medians_ms" in c else "-"
             spread = f"{100 * c['spread']:.0f}%" if "spread" in c else "-"
-            lines.append(f"| {row['model']} | {row['batch']} | {contender} | {medians} | {middle} | {spread} | "
-                         f"{ratios} |")
+            line = f"| {row['model']} | {row['batch']} | {contender} | {medians} | {middle} | {spread} | {ratios} |"
+            if profiled:
+                per_call = c.get("profile_per_call_ms") or []
+                line += f" {_per_call(per_call, 'cuda_ms')} | {_per_call(per_call, 'cpu_ms')} |"
+            lines.append(line)
     return "\n".join(lines)
 
 
@@ -115,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-timed-s", type=float, default=2.0, help="time calls for at least this long")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per workload process")
     parser.add_argument("--device", default=None)
+    parser.add_argument("--fresh-cache", action="store_true",
+                        help="an empty Inductor cache for every process (default: one shared by all)")
+    parser.add_argument("--profile-calls", type=int, default=0,
+                        help="every process profiles this many more calls: GPU and host time per call")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.repeats < 1:

@@ -84,6 +84,9 @@ def build_parser(d: SuiteDefaults, description: str) -> argparse.ArgumentParser:
     p.add_argument("--min-timed-s", type=float, default=d.min_timed_s,
                    help=f"time calls for at least this many seconds (default {d.min_timed_s}; see timing.py)")
     p.add_argument("--settle", type=int, default=d.settle, help="warm-up ends after this many stable calls")
+    p.add_argument("--profile-calls", type=int, default=0,
+                   help="workload contenders (the JIT's among them) profile this many more calls after serving: "
+                        "op tables and per-call host and GPU time in the JSON (default 0: none)")
     p.add_argument("--max-warmup-s", type=float, default=d.max_warmup_s)
     p.add_argument("--budget-s", type=float, default=d.budget_s,
                    help="skip contenders that would not finish within this many seconds of the start")
@@ -200,6 +203,7 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
     settings = C.Settings(
         device=args.device, precision=args.precision, warmup=args.warmup, iters=args.iters,
         min_timed_s=args.min_timed_s, settle=args.settle, max_warmup_s=args.max_warmup_s, work_dir=args.results_dir,
+        profile_calls=args.profile_calls,
     )
     doc: dict[str, Any] = {
         "schema": report.SCHEMA,
@@ -215,6 +219,7 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
         "settings": {
             "precision": args.precision, "batches": args.batches, "models": names, "contenders": args.contenders,
             "warmup": args.warmup, "iters": args.iters, "min_timed_s": args.min_timed_s,
+            "profile_calls": args.profile_calls,
             "settle": args.settle, "max_warmup_s": args.max_warmup_s,
             "n_inputs": settings.n_inputs, "check_seeds": list(settings.check_seeds),
             "steady_threshold": 1.5, "budget_s": args.budget_s, "inductor_cache": "fresh per run; one for the suite's "

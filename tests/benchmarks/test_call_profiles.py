@@ -27,3 +27,15 @@ def test_op_table_ranks_by_the_column_asked_for():
     assert any("aten::mm" in line for line in lines)
     with pytest.raises(AttributeError):  # the key reaches torch.profiler's table (no silent default)
         call_profiles.op_table(lambda t: t * 2, torch.ones(2), "cpu", calls=1, sort_by="no_such_column")
+
+
+def test_table_totals_are_per_call_and_read_every_unit():
+    lines = ["--- table ---", "Self CPU time total: 195.092ms", "Self CUDA time total: 108374.0us"]
+    assert call_profiles.table_totals(lines, calls=200) == pytest.approx({"cpu_ms": 0.97546, "cuda_ms": 0.54187})
+    assert call_profiles.table_totals(["Self CPU time total: 1.5s"], calls=3) == pytest.approx({"cpu_ms": 500.0})
+
+
+def test_table_totals_of_a_real_table_match_the_profiled_calls():
+    lines = call_profiles.op_table(lambda t: torch.relu(t @ t), torch.ones(64, 64), "cpu", calls=4)
+    totals = call_profiles.table_totals(lines, calls=4)
+    assert set(totals) == {"cpu_ms"} and totals["cpu_ms"] > 0

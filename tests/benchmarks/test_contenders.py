@@ -75,3 +75,18 @@ def test_workload_commands_differ_only_in_what_the_script_is_asked_to_run(tmp_pa
     assert compile_cmd[-2:] == ["--contender", "compile:default"] and "--contender" not in eager_cmd
     ro_cmd, _ = contenders.workload_command("tiny_vit", 2, settings, "compile:reduce-overhead (workload)", **paths)
     assert ro_cmd[-2:] == ["--contender", "compile:reduce-overhead"]
+
+
+def test_profile_calls_reach_the_workload_command_and_its_tables_the_row(tmp_path):
+    paths = {"out_json": tmp_path / "o.json", "out_pt": tmp_path / "o.pt", "timeout_s": 120.0}
+    plain, _ = contenders.workload_command("tiny_vit", 2, contenders.Settings(device="cpu"), "aitune-jit", **paths)
+    assert "--profile-calls" not in plain
+    settings = contenders.Settings(device="cpu", profile_calls=50)
+    cmd, _ = contenders.workload_command("tiny_vit", 2, settings, "compile:reduce-overhead (workload)", **paths)
+    assert cmd[cmd.index("--profile-calls") + 1] == "50"
+    assert cmd[-2:] == ["--contender", "compile:reduce-overhead"]
+    data = {"profile_kernels": ["t", "Self CPU time total: 100.000ms", "Self CUDA time total: 50.000ms"],
+            "profile_python": ["p"]}
+    row = contenders.fill_profile({}, data, calls=50)
+    assert row["profile"] == data and row["profile_per_call_ms"] == {"cpu_ms": 2.0, "cuda_ms": 1.0}
+    assert contenders.fill_profile({}, {"serve": {}}, calls=50) == {}

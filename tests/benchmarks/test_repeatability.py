@@ -37,3 +37,21 @@ def test_table_shows_failures_and_per_round_ratios():
 def test_only_workload_contenders_are_accepted():
     with pytest.raises(SystemExit):
         rep.main(["--contenders", "aitune-jit", "compile:default"])
+
+
+def test_fresh_cache_gives_every_process_a_folder_of_its_own(tmp_path):
+    shared = {rep.cache_folder(tmp_path, False, label) for label in ("b8-r0-aitune-jit", "b8-r1-aitune-jit")}
+    assert shared == {tmp_path / "cache"}
+    fresh = [rep.cache_folder(tmp_path, True, label)
+             for label in ("b8-r0-aitune-jit", "b8-r1-aitune-jit", "b8-r0-compile:reduce-overhead (workload)")]
+    assert len(set(fresh)) == 3 and all(p.parent == tmp_path / "caches" for p in fresh)
+    assert fresh[2].name == "b8-r0-compile-reduce-overhead-workload"
+
+
+def test_table_adds_profiled_gpu_and_host_time_per_process():
+    jit = {"medians_ms": [1.4, 1.2], **rep.summarize_runs([1.4, 1.2]),
+           "profile_per_call_ms": [{"cuda_ms": 1.05, "cpu_ms": 1.3}, None]}
+    row = {"model": "m", "batch": 8, "contenders": {"aitune-jit": jit}}
+    text = rep.table([row])
+    assert "profiled GPU ms/call" in text.splitlines()[0]
+    assert text.splitlines()[-1].endswith("| 1.050, - | 1.300, - |")
