@@ -13,7 +13,8 @@ process, in alternated rounds so that the host's drift hits every row alike:
     python benchmarks/cudagraph_runtimes.py --model vit_base --batches 8 --precision bf16
 
 Each row gets its own copy of the model (same seed, same weights). The ratio column is the first row's median
-over the row's, per round (> 1: faster than torch.compile's reduce-overhead). CUDA only.
+over the row's, per round (> 1: faster than the first row, by default torch.compile's reduce-overhead);
+`--rows` measures a subset. CUDA only (`--device cpu` smoke-tests the script).
 """
 
 from __future__ import annotations
@@ -76,9 +77,10 @@ def measure_case(name: str, batch: int, args: argparse.Namespace) -> dict[str, A
     device = args.device
     settings = C.Settings(device=device, precision=args.precision)
     autocast = "bf16" if args.precision == "bf16" else "none"
+    rows = tuple(args.rows)
     calls: dict[str, Callable[[models.Batch], Any]] = {}
     cases = {}
-    for row in ROWS:
+    for row in rows:
         case = cases[row] = C.make_case(name, batch, settings)
         plain = row.endswith("plain-cudagraphs")
         if row.startswith("compile:"):
@@ -91,15 +93,15 @@ def measure_case(name: str, batch: int, args: argparse.Namespace) -> dict[str, A
         for row, call in calls.items():  # warm-up: compiles, captures
             for _ in range(args.warmup):
                 call(cases[row].inputs[0])
-        rounds: dict[str, list[float]] = {row: [] for row in ROWS}
+        rounds: dict[str, list[float]] = {row: [] for row in rows}
         for r in range(args.rounds):
-            for row in (ROWS if r % 2 == 0 else tuple(reversed(ROWS))):
+            for row in (rows if r % 2 == 0 else tuple(reversed(rows))):
                 rounds[row].append(round_median_ms(calls[row], cases[row].inputs, args.calls, device))
         for row, call in calls.items():
             case = cases[row]
             outputs = [models.primary_output(call(b)).float().cpu() for b in case.check_inputs]
             errors = [timing.relative_error(o, ref)[0] for o, ref in zip(outputs, case.reference, strict=True)]
-            first = rounds[ROWS[0]]
+            first = rounds[rows[0]]
             result["rows"][row] = {
                 "round_medians_ms": rounds[row], "median_ms": statistics.median(rounds[row]),
                 "ratios_to_first": [f / m for f, m in zip(first, rounds[row], strict=True)],
@@ -109,7 +111,7 @@ def measure_case(name: str, batch: int, args: argparse.Namespace) -> dict[str, A
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| model | batch | precision | row | median ms (of round medians) | x reduce-overhead, per round | "
+    lines = ["| model | batch | precision | row | median ms (of round medians) | x first row, per round | "
              "max rel err |", "|---|---|---|---|---|---|---|"]
     for res in results:
         for row, r in res["rows"].items():
@@ -127,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=300, help="timed calls per row and round")
     parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--rows", nargs="+", choices=ROWS, default=list(ROWS),
+                        help="a subset of the rows (the ratios are taken to the first one given)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only smoke-tests the script (no CUDA graphs)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)

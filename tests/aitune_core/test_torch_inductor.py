@@ -256,7 +256,11 @@ def test_inductor_on_cuda(config, tmp_path):
 def test_cuda_graph_backend_leaves_the_users_cuda_graph_functions_alone(tmp_path):
     """Beside a user's own reduce-overhead compile of another instance of the same class: the backend compiles
     its own graph, never switches CUDA-graph trees to mark-step generations, and the user's function keeps
-    replaying (holding its last output across calls, as user code does) instead of re-recording."""
+    replaying (holding its last output across calls, as user code does) instead of re-recording.
+
+    Both functions live in one CUDA-graph tree, so the first alternations record each one once more as the
+    other's child (on an H200 with torch 2.11: 2 recordings); what must not happen is a recording per call,
+    as when the two shared compiled code (2028 re-recordings in one benchmark run before the fix)."""
     from torch._dynamo.utils import counters
     from torch._inductor import cudagraph_trees
 
@@ -270,12 +274,17 @@ def test_cuda_graph_backend_leaves_the_users_cuda_graph_functions_alone(tmp_path
             users(x)  # warm-up and recording of the user's graph
         backend = TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead")).build(
             model, spec, data, torch.device("cuda"), tmp_path)
-        recorded = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+        before = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
         held = users(x)
-        for _ in range(5):
+        for _ in range(3):  # settle: each function recorded once in the other's place in the tree
+            ours = backend.infer(x)
+            held = users(x)
+        settled = counters["inductor"]["cudagraph_recorded_non_static_inputs"]
+        for _ in range(20):
             ours = backend.infer(x)
             held = users(x)
     assert cudagraph_trees.MarkStepBox.mark_step_counter == 0
     torch.testing.assert_close(ours, model(x), rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(held, users._orig_mod(x), rtol=1e-3, atol=1e-3)
-    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == recorded, "a graph was recorded again"
+    assert settled - before <= 2, f"{settled - before} recordings while settling"
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == settled, "graphs recorded on every call"
