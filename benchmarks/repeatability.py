@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="an empty Inductor cache for every process (default: one shared by all)")
     parser.add_argument("--profile-calls", type=int, default=0,
                         help="every process profiles this many more calls: GPU and host time per call")
+    parser.add_argument("--git-commit", help="the aitune commit measured (default: git's HEAD, which a copied tree "
+                                              "may not have or may have stale)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -174,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "benchmark": "repeatability", "date": now.isoformat(timespec="seconds"),
-        "device": device, "torch": torch.__version__, "git_commit": suite.git_commit(),
+        "device": device, "torch": torch.__version__, "git_commit": args.git_commit or suite.git_commit(),
         "command": " ".join(sys.argv), "rows": rows}, indent=1))
     print(f"\nresults: {out}")
     return 0
