@@ -218,6 +218,32 @@ def test_autocast_cudagraph_outputs_are_owned_with_one_copy_each(monkeypatch):
     assert clones == [torch.int64, torch.int64]  # the cast output was not cloned on top of its cast
 
 
+@pytest.mark.parametrize("cudagraphs", [False, True], ids=["plain", "cudagraphs"])
+def test_a_bare_tensor_output_is_cast_back_or_owned_without_a_tree_walk(monkeypatch, cudagraphs):
+    """The single-tensor fast path gives the same answers as the general one: a low-precision float output is
+    cast back (that copy is the caller's), an output already in its dtype is cloned only under CUDA graphs."""
+    import aitune_core.backends.torch_inductor as module
+
+    def no_walk(value):
+        raise AssertionError("a bare tensor output went through the pytree walk")
+
+    monkeypatch.setattr(module, "flatten_values", no_walk)
+    graph_buffer = torch.zeros(2, 3, dtype=torch.bfloat16)
+    config = TorchInductorBackendConfig(mode="reduce-overhead" if cudagraphs else None, autocast_enabled=True,
+                                        autocast_dtype=torch.bfloat16)
+    backend = _runtime_only(config, lambda x: graph_buffer.copy_(x), [torch.float32])
+    backend._cudagraphs = cudagraphs
+    first = backend._run((torch.ones(2, 3),), {})
+    backend._run((torch.full((2, 3), 5.0),), {})
+    assert first.dtype == torch.float32 and torch.equal(first, torch.ones(2, 3))
+
+    same_dtype = torch.ones(2, 3)  # e.g. an output that autocast left in float32
+    backend = _runtime_only(config, lambda x: same_dtype, [torch.float32])
+    backend._cudagraphs = cudagraphs
+    out = backend._run((torch.ones(2, 3),), {})
+    assert (out is same_dtype) is not cudagraphs and torch.equal(out, same_dtype)
+
+
 # ------------------------------------------------------------------------- GPU (run by the lead on the GPU machine)
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

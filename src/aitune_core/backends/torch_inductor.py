@@ -296,6 +296,11 @@ class TorchInductorBackend(Backend):
         """Cast floating outputs back to the dtypes the original module returned. With `own` (CUDA graphs), every
         output tensor is also made the caller's: a cast already is a new tensor, the others are cloned - one
         copy per output, never a cast followed by a clone."""
+        if type(output) is torch.Tensor and len(self._output_dtypes) == 1:  # the common case, on every call's path
+            want = self._output_dtypes[0]
+            if output.dtype != want and output.is_floating_point() and want.is_floating_point:
+                return output.to(want)
+            return output.clone() if own else output
         values, treedef = flatten_values(output)
         dtypes = iter(self._output_dtypes)
         changed = False
