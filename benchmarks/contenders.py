@@ -84,6 +84,12 @@ class Case:
     checksum: float
 
 
+def slug(text: str) -> str:
+    """Lower-case letters, digits and single dashes: a piece of a file name (the device tool brings back files
+    with plain names only)."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
 def row_template(case_or_name: Any, batch: int, precision: str, contender: str) -> dict[str, Any]:
     if isinstance(case_or_name, Case):
         model, source = case_or_name.built.name, case_or_name.built.source
@@ -340,8 +346,7 @@ def run_workload(
     name, batch = case.built.name, case.built.batch
     row = row_template(case, batch, settings.precision, contender)
     settings.work_dir.mkdir(parents=True, exist_ok=True)
-    # plain characters only: the device tool does not bring back files with odd names
-    label = re.sub(r"[^A-Za-z0-9]+", "-", contender).strip("-")
+    label = slug(contender)
     stem = settings.work_dir / f"{tag}-{name}-b{batch}-{settings.precision}-{label}"
     out_json, out_pt, log = stem.with_suffix(".json.part"), stem.with_suffix(".pt"), stem.with_suffix(".log")
     cmd, extra = workload_command(name, batch, settings, contender, out_json=out_json, out_pt=out_pt,

@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     device = suite.device_info(args.device)
     now = datetime.datetime.now(datetime.timezone.utc)
     out = args.out or (Path(__file__).parent / "results" /
-                       f"cudagraph_runtimes_{suite.slug(device['name'])}_{args.model}_{args.precision}_"
+                       f"cudagraph_runtimes_{C.slug(device['name'])}_{args.model}_{args.precision}_"
                        f"{now:%Y%m%dT%H%M%SZ}.json")
     write_result("cudagraph_runtimes", out, args.device, results, command=" ".join(sys.argv))
     return 0

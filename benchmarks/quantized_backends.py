@@ -40,7 +40,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import sys
 import tempfile
@@ -56,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import contenders as C  # noqa: E402
 import models  # noqa: E402
 import timing  # noqa: E402
 from aitune_core.backends.backend import Backend  # noqa: E402
@@ -292,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s - %(levelname)s - %(message)s")
 
     now = dt.datetime.now(dt.timezone.utc)
-    tag = re.sub(r"[^A-Za-z0-9]+", "-", "cpu" if args.cpu else device_name).strip("-").lower()
+    tag = C.slug("cpu" if args.cpu else device_name)
     out = args.out or RESULTS_DIR / f"quantized_backends_{tag}_{now:%Y%m%d}.json"
     doc: dict[str, Any] = {
         "benchmark": "quantized_backends",

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import re
 import statistics
 import sys
 import tempfile
@@ -59,9 +58,11 @@ def paired_ratios(jit: list[float | None], other: list[float | None]) -> list[fl
 
 def cache_folder(scratch: Path, fresh: bool, run_label: str) -> Path:
     """The Inductor cache of one workload process: shared by all, or (fresh) an empty one of its own."""
+    import contenders as C
+
     if not fresh:
         return scratch / "cache"
-    return scratch / "caches" / re.sub(r"[^A-Za-z0-9]+", "-", run_label).strip("-")
+    return scratch / "caches" / C.slug(run_label)
 
 
 def measure(args: argparse.Namespace, scratch: Path) -> list[dict[str, Any]]:
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    import contenders as C
     import suite
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     now = datetime.datetime.now(datetime.timezone.utc)
     device = suite.device_info(args.device)
-    out = args.out or (Path(__file__).parent / "results" / f"repeatability-{suite.slug(device['name'])}-"
+    out = args.out or (Path(__file__).parent / "results" / f"repeatability-{C.slug(device['name'])}-"
                        f"{args.model}-{args.precision}-{now:%Y%m%dT%H%M%SZ}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({

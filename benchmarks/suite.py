@@ -26,7 +26,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shutil
 import subprocess
 import sys
@@ -118,10 +117,6 @@ def prepare_env(args: argparse.Namespace) -> tuple[Path, bool]:
     return cache, temporary
 
 
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-
-
 def package_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in PACKAGES:
@@ -195,7 +190,7 @@ def run(args: argparse.Namespace, d: SuiteDefaults, cache: Path) -> dict[str, An
     started = dt.datetime.now(dt.timezone.utc)
     dev = device_info(args.device)
     part = "-".join(names) if args.models else f"part{args.part}"
-    tag = args.tag or f"{d.suite}-{slug(dev['name'])}-{args.precision}-{part}-{started:%Y%m%dT%H%M%SZ}"
+    tag = args.tag or f"{d.suite}-{C.slug(dev['name'])}-{args.precision}-{part}-{started:%Y%m%dT%H%M%SZ}"
     args.results_dir.mkdir(parents=True, exist_ok=True)
     json_path = args.results_dir / f"{tag}.json"
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") and Path(os.environ["OUT"]).is_dir() else None

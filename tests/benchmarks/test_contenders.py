@@ -90,3 +90,8 @@ def test_profile_calls_reach_the_workload_command_and_its_tables_the_row(tmp_pat
     row = contenders.fill_profile({}, data, calls=50)
     assert row["profile"] == data and row["profile_per_call_ms"] == {"cpu_ms": 2.0, "cuda_ms": 1.0}
     assert contenders.fill_profile({}, {"serve": {}}, calls=50) == {}
+
+
+def test_slug_makes_plain_file_name_pieces():
+    assert contenders.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert contenders.slug("compile:reduce-overhead (workload)") == "compile-reduce-overhead-workload"

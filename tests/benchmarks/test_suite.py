@@ -18,10 +18,6 @@ def test_budget_uses_estimates_then_the_longest_measured_time():
     assert not budget.fits("compile:default")
 
 
-def test_slug():
-    assert suite.slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
-
-
 def test_gpu_parts_cover_the_three_models_and_default_contenders():
     args = suite.build_parser(gpu_suite.DEFAULTS, "x").parse_args(["--part", "1"])
     assert args.batches == [1, 8, 32]
