@@ -199,3 +199,31 @@ def test_real_transformers_containers_round_trip():
     assert isinstance(rebuilt, BaseModelOutputWithPast)
     assert rebuilt.past_key_values is None
     assert torch.equal(rebuilt[0], out.last_hidden_state)
+
+
+def test_a_dataclass_mapping_hybrid_keeps_its_type_and_fields():
+    """diffusers' BaseOutput is an OrderedDict and a dataclass: rebuilt by keyword, not from (key, value) pairs."""
+    @dataclasses.dataclass
+    class SampleOutput(OrderedDict):
+        sample: torch.Tensor = None  # type: ignore[assignment]
+
+        def __post_init__(self) -> None:
+            if self.sample is not None:
+                self["sample"] = self.sample
+
+    value = SampleOutput(sample=torch.ones(2))
+    leaves, td = flatten(value)
+    assert td.kind == "model_output" and [loc for loc, _ in leaves] == [".sample"]
+    rebuilt = unflatten(td, [torch.zeros(2)])
+    assert type(rebuilt) is SampleOutput
+    assert isinstance(rebuilt.sample, torch.Tensor) and torch.equal(rebuilt["sample"], torch.zeros(2))
+    mapped = tree_map(lambda t: t + 1, value)
+    assert type(mapped) is SampleOutput and torch.equal(mapped.sample, torch.full((2,), 2.0))
+
+
+def test_diffusers_unet_output_round_trips():
+    outputs = pytest.importorskip("diffusers.models.unets.unet_2d_condition")
+    value = outputs.UNet2DConditionOutput(sample=torch.randn(1, 4, 2, 2))
+    rebuilt = tree_map(torch.clone, value)
+    assert type(rebuilt) is outputs.UNet2DConditionOutput
+    assert isinstance(rebuilt.sample, torch.Tensor) and torch.equal(rebuilt.sample, value.sample)

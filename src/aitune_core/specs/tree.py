@@ -6,9 +6,11 @@ Containers that are walked (everything else is a leaf):
 - `dict` (and subclasses such as OrderedDict), any other `collections.abc.Mapping`
   (e.g. `transformers.BatchEncoding`, a UserDict)
 - dataclass instances
-- `transformers.utils.ModelOutput` instances, detected by a base class named `ModelOutput`
-  (duck typing: the core never imports transformers). Only the non-None fields are children,
-  as `ModelOutput.keys()` reports them.
+- field-keyed mappings: `transformers.utils.ModelOutput`, diffusers' `BaseOutput`, and any other class
+  that is a dataclass and a mapping at once (detected by duck typing: the core imports neither
+  library). Only the keys the object reports (its non-None fields) are children, and the value is
+  rebuilt with `cls(**fields)`: rebuilding such a class from `(key, value)` pairs, as a plain dict
+  subclass would be, sets its first field to the list of pairs.
 
 `torch.Size` is a leaf (a constant), not a tuple. A leaf is either a tensor (kind `tensor`) or a
 constant (kind `const`: ints, floats, strings, None, any other object).
@@ -75,7 +77,10 @@ _KIND_CACHE: dict[type, str] = {}
 
 
 def _is_model_output_type(cls: type) -> bool:
-    return any(base.__name__ == "ModelOutput" for base in cls.__mro__)
+    """A mapping whose keys are its dataclass fields (ModelOutput, BaseOutput): rebuilt by keyword."""
+    if any(base.__name__ == "ModelOutput" for base in cls.__mro__):
+        return True
+    return dataclasses.is_dataclass(cls) and issubclass(cls, Mapping)
 
 
 def kind_of(value: Any) -> str:
@@ -344,7 +349,13 @@ def _build(td: TreeDef, it: Iterator[Any]) -> Any:
     if kind == MODEL_OUTPUT:
         if cls is None:
             return dict(pairs)
-        return cls(**dict(pairs))
+        try:
+            return cls(**dict(pairs))
+        except TypeError:  # a key that is not a constructor argument: set the items one by one
+            obj = cls()
+            for key, child in pairs:
+                obj[key] = child
+            return obj
     # dataclass: restore the fields as they were, without running __init__ / __post_init__ again
     if cls is None:
         return dict(pairs)
