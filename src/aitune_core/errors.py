@@ -42,3 +42,7 @@ class CheckpointError(AITuneError, ValueError):
 
 class ConfigError(AITuneError, ValueError):
     """A configuration value is invalid."""
+
+
+class NotReplayableError(AITuneError, RuntimeError):
+    """A recorded call cannot be replayed without the caller's live objects (an argument that cannot be copied)."""

@@ -1,5 +1,7 @@
+import pytest
 import torch
 
+from aitune_core.errors import NotReplayableError
 from aitune_core.recording.sample import Sample
 
 
@@ -28,3 +30,42 @@ def test_to_and_run():
     assert torch.equal(args[0], s.args[0]) and set(kwargs) == {"b"}
     doubled = s.map_tensors(lambda t: t * 2)
     assert torch.equal(doubled.output, torch.full((2,), 4.0))
+
+
+class _Cache:
+    def __init__(self) -> None:
+        self.entries = [torch.ones(2)]
+
+
+class _Uncopyable:
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+
+def test_capture_owns_copies_of_object_arguments():
+    """Replaying a sample must never touch the caller's live objects (a KV cache, a scheduler)."""
+    cache = _Cache()
+    shared = [cache, cache]
+    sample = Sample.capture((torch.zeros(1), shared), {"cache": cache})
+    copied = sample.kwargs["cache"]
+    assert copied is not cache and isinstance(copied, _Cache)
+    assert sample.args[1][0] is copied and sample.args[1][1] is copied  # one memo: sharing is kept
+    copied.entries.append(torch.zeros(1))
+    assert len(cache.entries) == 1
+
+
+def test_capture_refuses_an_input_object_that_cannot_be_copied():
+    with pytest.raises(NotReplayableError, match="_Uncopyable cannot be copied for replaying"):
+        Sample.capture((torch.zeros(1), _Uncopyable()), {})
+
+
+def test_capture_keeps_an_uncopyable_output_object_by_reference():
+    thing = _Uncopyable()
+    sample = Sample.capture((torch.zeros(1),), {}, output=(torch.ones(1), thing))
+    assert sample.output[1] is thing
+
+
+def test_capture_shares_modules_and_functions():
+    layer = torch.nn.Linear(2, 2)
+    sample = Sample.capture((torch.zeros(1, 2),), {"layer": layer, "fn": torch.relu})
+    assert sample.kwargs["layer"] is layer and sample.kwargs["fn"] is torch.relu

@@ -1,20 +1,58 @@
-"""`Sample`: one recorded call: the inputs as the caller passed them and the original module's output."""
+"""`Sample`: one recorded call: the inputs as the caller passed them and the original module's output.
+
+A sample owns everything it holds: tensors are detached clones, and any other object (a KV cache, a config, a
+scheduler) is a deep copy taken when the call is recorded. Tuning replays samples many times (graph-break probe,
+warm-up, validation, timing); replaying on the caller's live objects would change the program's state.
+"""
 
 from __future__ import annotations
 
+import copy
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from aitune_core.specs.tree import tree_map
+from aitune_core.errors import NotReplayableError
+from aitune_core.specs.tree import flatten_values, tree_map, unflatten
+
+_SHARED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
 
 
 def _snapshot(tensor: torch.Tensor) -> torch.Tensor:
     # detach: no autograd history is kept alive; clone: a later in-place change by the user cannot
     # alter the recorded values.
     return tensor.detach().clone()
+
+
+def _owned(value: Any, memo: dict[int, Any], *, strict: bool) -> Any:
+    """`value` with every tensor cloned and every other object deep-copied (one memo: shared objects stay shared).
+
+    Immutable constants and modules are shared (a module argument is code and weights, not call state). With
+    `strict`, an object that cannot be copied raises `NotReplayableError`; otherwise it is kept by reference.
+    """
+    values, treedef = flatten_values(value)
+    if not values:
+        return tree_map(_snapshot, value)
+    owned = []
+    for leaf in values:
+        if isinstance(leaf, torch.Tensor):
+            owned.append(_snapshot(leaf))
+        elif isinstance(leaf, (*_SHARED, torch.nn.Module)) or callable(leaf):
+            owned.append(leaf)
+        else:
+            try:
+                owned.append(copy.deepcopy(leaf, memo))
+            except Exception as exc:
+                if strict:
+                    raise NotReplayableError(
+                        f"an argument of type {type(leaf).__name__} cannot be copied for replaying "
+                        f"({type(exc).__name__}: {exc})"
+                    ) from exc
+                owned.append(leaf)
+    return unflatten(treedef, owned)
 
 
 @dataclass
@@ -36,11 +74,16 @@ class Sample:
     def capture(
         cls, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None, batch_size: int | None = None
     ) -> Sample:
-        """A sample that owns copies of every tensor, so it cannot change after the call."""
+        """A sample that owns copies of every tensor and object, so it cannot change after the call.
+
+        Raises `NotReplayableError` when an input object cannot be copied (an output object that cannot be
+        copied is kept by reference: outputs are compared, never replayed).
+        """
+        memo: dict[int, Any] = {}
         return cls(
-            args=tuple(tree_map(_snapshot, tuple(args))),
-            kwargs=dict(tree_map(_snapshot, dict(kwargs))),
-            output=tree_map(_snapshot, output),
+            args=tuple(_owned(tuple(args), memo, strict=True)),
+            kwargs=dict(_owned(dict(kwargs), memo, strict=True)),
+            output=_owned(output, {}, strict=False),
             batch_size=batch_size,
         )
 
