@@ -91,3 +91,21 @@ def test_json_round_trip_and_hash():
 def test_non_static_axes():
     meta = SampleMetadata.from_value({"x": torch.ones(2, 3)})
     assert meta.non_static_axes() == {} and not meta.has_batch_axis()
+
+
+class _KV:
+    def __init__(self, filled: bool) -> None:
+        self.keys = torch.zeros(1, 3) if filled else None
+
+
+def test_object_constants_are_keyed_by_type_and_layout_and_never_kept_live():
+    empty, filled = _KV(False), _KV(True)
+    assert constant_key(empty) != constant_key(filled)  # prefill vs decode: two graphs
+    assert constant_key(filled) == constant_key(_KV(True))
+    meta = SampleMetadata.from_value({"x": torch.ones(1), "cache": filled})
+    (_locator, kept), = meta.constants
+    assert isinstance(kept, OpaqueConstant) and kept.key == constant_key(filled)
+    filled.keys = None  # the caller's object changes later: the recorded identity does not
+    assert meta.constant_keys() == (constant_key(_KV(True)),)
+    again = SampleMetadata.from_dict(json.loads(json.dumps(meta.to_dict())))
+    assert again.identity(strict=True) == meta.identity(strict=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from aitune_core.specs.object_signature import object_signature
 from aitune_core.specs.tensor_spec import TensorSpec, dtype_from_str
 from aitune_core.specs.tree import TENSOR, TreeDef, flatten_values, import_type, type_path, unflatten
 
@@ -64,7 +65,18 @@ def constant_key(value: Any) -> Hashable:
         return ("enum", type_path(cls), value.name)
     if isinstance(value, OpaqueConstant):
         return value.key
-    return ("type", type_path(cls))
+    if isinstance(value, type):
+        return ("class", type_path(value))
+    return ("type", type_path(cls), object_signature(value))
+
+
+def _frozen(value: Any) -> Any:
+    """What a spec keeps of a constant: the value itself when it is immutable, else its identity key - a spec
+    must not hold on to (or change with) a caller's live object such as a KV cache."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.Size, torch.dtype,
+                                           torch.device, enum.Enum, OpaqueConstant, type)):
+        return value
+    return OpaqueConstant(constant_key(value))
 
 
 def encode_constant(value: Any) -> Any:
@@ -151,7 +163,7 @@ class SampleMetadata:
             if isinstance(value, torch.Tensor):
                 tensors.append(TensorSpec.from_tensor(value, locator=locator, name=name))
             else:
-                constants.append((locator, value))
+                constants.append((locator, _frozen(value)))
         return cls(tuple(tensors), treedef, tuple(constants))
 
     def with_tensors(self, tensors: Sequence[TensorSpec]) -> SampleMetadata:
