@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from aitune_core.recording.argument_watch import ArgumentWatch
 from aitune_jit.config import jit_config
 from aitune_jit.runtime import CANDIDATE, in_dynamo_region, is_compiling, tls
 from aitune_jit.state import NodeState
@@ -426,12 +427,44 @@ class PatchedModule:
                 return self._dispatch(args, kwargs)
             return forward(*args, **kwargs)  # type: ignore[misc]
         if state is NodeState.RECORDING and not self._tuning and self._recordable(args, kwargs):
-            output = forward(*args, **kwargs)  # type: ignore[misc]
-            self._record(args, kwargs, output)
+            return self._recorded_call(forward, args, kwargs)  # type: ignore[arg-type]
+        return forward(*args, **kwargs)  # type: ignore[misc]
+
+    def _recorded_call(self, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Run the original forward and record the call: inputs as they were before it ran, and whether it
+        changed them (a forward that changes its arguments cannot be replayed for tuning)."""
+        watch = self._watch(args, kwargs)
+        output = forward(*args, **kwargs)
+        try:
+            self._record(args, kwargs, output, watch)
             if self._pending:
                 self._try_tune()
-            return output
-        return forward(*args, **kwargs)  # type: ignore[misc]
+        except Exception as exc:  # aitune's own failure: never the user's call
+            self._internal_error("recording", exc)
+        return output
+
+    def _watch(self, args: tuple, kwargs: dict) -> ArgumentWatch | None:
+        try:
+            recorder = self._recorder
+            names = recorder.binder.positional if recorder is not None else ()
+            return ArgumentWatch.before(args, kwargs, names)
+        except Exception as exc:
+            _logger.debug("%s: cannot watch the arguments of this call (%r)", self.path, exc)
+            return None
+
+    def _internal_error(self, stage: str, exc: Exception) -> None:
+        """A bug or an unexpected failure inside aitune while `stage` ran: the node stops being tuned (its calls run
+        the original module), with the reason in the history and one WARNING."""
+        _logger.debug("aitune failed while %s %s", stage, self.path, exc_info=True)
+        reason = f"aitune failed while {stage} it ({type(exc).__name__}: {exc})"
+        try:
+            tuned = self.state is NodeState.TUNED
+            if tuned:
+                self._entries = []
+                self._dispatcher = None
+            self.go_eager(reason, reopen=not tuned, level=logging.WARNING)
+        except Exception:  # pragma: no cover - the last line of defence must not raise either
+            _logger.debug("could not send %s to eager", self.path, exc_info=True)
 
     def _recordable(self, args: tuple, kwargs: dict) -> bool:
         """Only inference calls are recorded and dispatched: eval mode, and no autograd graph to preserve."""
@@ -468,10 +501,16 @@ class PatchedModule:
         self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
         self.state = NodeState.RECORDING
 
-    def _record(self, args: tuple, kwargs: dict, output: Any) -> None:
+    def _record(self, args: tuple, kwargs: dict, output: Any, watch: ArgumentWatch | None = None) -> None:
         recorder = self._recorder
         if recorder is None:
             return
+        if watch is not None:
+            changed = watch.changes()
+            if changed is not None:
+                self._not_replayable(f"its forward changes {changed}, so its calls cannot be replayed for tuning")
+                return
+            args, kwargs = watch.args, watch.kwargs  # as the forward received them
         try:
             spec = recorder.record(args, kwargs, output)
         except Exception as exc:
@@ -500,6 +539,15 @@ class PatchedModule:
             return
         self._pending = True
 
+    def _not_replayable(self, reason: str) -> None:
+        """Recorded calls cannot be replayed: a RECORDING node stays eager (its children become candidates); a TUNED
+        node keeps its tuned graphs but records no new ones."""
+        if self.state is NodeState.RECORDING:
+            self.go_eager(reason)
+        else:
+            self._recorder = None
+            self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
+
     def _try_tune(self) -> None:
         if not self._tune_lock.acquire(blocking=False):
             return  # another thread tunes a module of this root now; try again on a later call
@@ -512,6 +560,8 @@ class PatchedModule:
                 from aitune_jit.tuner import tune_node
 
                 tune_node(self)
+            except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
+                self._internal_error("tuning", exc)
             finally:
                 self._tuning = False
         finally:
@@ -529,12 +579,9 @@ class PatchedModule:
 
     def _fallback(self, *args: Any, **kwargs: Any) -> Any:
         """Calls no tuned graph accepts: run the original forward; record them so new graphs get tuned."""
-        output = self._forward_fn(*args, **kwargs)  # type: ignore[misc]
-        if self._recorder is not None:
-            self._record(args, kwargs, output)
-            if self._pending:
-                self._try_tune()
-        return output
+        if self._recorder is None:
+            return self._forward_fn(*args, **kwargs)  # type: ignore[misc]
+        return self._recorded_call(self._forward_fn, args, kwargs)  # type: ignore[arg-type]
 
     def _backend_failed(self, backend: Backend, exc: Exception, args: tuple, kwargs: dict) -> Any:
         """A tuned backend raised at run time: answer this call eagerly and, if that works, run its graphs
@@ -586,7 +633,7 @@ class PatchedModule:
             self._detach_subtree()
         summary.record_tuned(self)
 
-    def go_eager(self, reason: str, *, reopen: bool = True) -> None:
+    def go_eager(self, reason: str, *, reopen: bool = True, level: int = logging.INFO) -> None:
         """Run the original forward from now on; the children become candidates (when `reopen`)."""
         self._uninstall_forward()
         self._recorder = None
@@ -596,7 +643,7 @@ class PatchedModule:
         self.reason = reason
         self.descend = reopen
         self.state = NodeState.EAGER
-        self._log(f"{self.short} stays eager: {reason}", logging.INFO)
+        self._log(f"{self.short} stays eager: {reason}", level)
         from aitune_jit import summary
 
         summary.forget(self)
@@ -670,6 +717,7 @@ def _skip_hook_frames() -> None:
         PatchedModule._forward,
         PatchedModule._dispatch,
         PatchedModule._fallback,
+        PatchedModule._recorded_call,
     )
 
 

@@ -10,6 +10,7 @@ without aitune's forward wrapper (so compiled code never depends on it).
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import re
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
 from aitune_jit.runtime import bypassed
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("aitune.jit")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_SIMPLE_OUTPUTS = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum, type)
 
 
 class ForwardOnly(torch.nn.Module):
@@ -75,7 +78,37 @@ def _ready_graphs(node: PatchedModule) -> list[GraphSpec]:
 
 
 def tune_node(node: PatchedModule) -> None:
-    """Tune every graph of `node` that has enough recordings (see the module docstring)."""
+    """Tune every graph of `node` that has enough recordings (see the module docstring).
+
+    What torch logs and warns while it probes and compiles goes into the node's history, not to the console.
+    """
+    with capture_torch_logs() as captured:
+        try:
+            _tune_node(node)
+        finally:
+            if captured.lines:
+                node._log(f"While tuning {node.short}, {captured.summary()}", logging.DEBUG)
+                for line in captured.lines:
+                    _logger.debug("torch, while tuning %s: %s", node.path, line)
+
+
+def _uncomparable_output(samples: dict[str, list[Sample]]) -> str | None:
+    """The first recorded output object validation could never accept (no `==` of its own): found before any
+    compile, instead of after one."""
+    from aitune_core.specs.tree import flatten
+
+    for graph_samples in samples.values():
+        for sample in graph_samples[:1]:
+            for locator, leaf in flatten(sample.output)[0]:
+                if isinstance(leaf, torch.Tensor) or leaf is None or isinstance(leaf, _SIMPLE_OUTPUTS):
+                    continue
+                if type(leaf).__eq__ is object.__eq__:
+                    where = f"output{locator}" if locator else "output"
+                    return f"its {where} is a {type(leaf).__name__} object, which aitune cannot compare"
+    return None
+
+
+def _tune_node(node: PatchedModule) -> None:
     cfg = jit_config
     cfg.validate()  # invalid options fail here at the latest, with the option's name
     module = node.module
@@ -90,6 +123,11 @@ def tune_node(node: PatchedModule) -> None:
         node._proxy = ForwardOnly(module, node._forward_fn)  # type: ignore[arg-type]
     proxy = node._proxy
     cache_dir = cfg.cache_dir / _UNSAFE.sub("_", node.path)
+    if first:
+        uncomparable = _uncomparable_output(samples)
+        if uncomparable is not None:
+            node.go_eager(uncomparable)
+            return
 
     with bypassed(), torch.no_grad():
         if cfg.detect_graph_breaks:
@@ -102,14 +140,16 @@ def tune_node(node: PatchedModule) -> None:
                 if not report.has_breaks:
                     node._log(f"No graph breaks in {node.short}. Checking took {report.duration_s:.2f}s")
                     continue
+                what = "Dynamo could not trace" if report.error is not None else "Graph breaks in"
                 node._log(
-                    f"Graph breaks in {node.short} (graph {spec.name}): {report.summary()}. "
+                    f"{what} {node.short} (graph {spec.name}): {report.summary()}. "
                     f"Checking took {report.duration_s:.2f}s"
                 )
+                cause = report.summary() if report.error is not None else f"graph break: {report.summary()}"
                 if first:
-                    node.go_eager(f"graph break: {report.summary()}")
+                    node.go_eager(cause)
                     return
-                node._failed[spec.name] = f"graph break: {report.summary()}"
+                node._failed[spec.name] = cause
                 graphs.remove(spec)
             if not graphs:
                 return
