@@ -1,0 +1,177 @@
+"""Real workloads with and without JIT tuning: same answers? Prints a table and writes a JSON result.
+
+    python benchmarks/real_workloads/correctness.py [--workloads gpt2 unet] [--size real] [--device cuda]
+        [--precision fp32|bf16] [--git-commit SHA] [--out FILE]
+
+Each workload (`workload.py`) runs twice in fresh processes: plainly, and as the same unmodified script under
+`AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` (default JIT configuration; `--precision bf16` sets
+`AITUNE_JIT_PRECISION=bf16`). Compared per call: generated tokens (must be identical), scores and UNet outputs
+(max abs error and whole-tensor relative error against the plain run, checked against aitune's tolerance for
+the device: fp32 with TF32 allowed on CUDA rtol=1e-2, atol=1e-3; bf16 5e-2), output types, and the exit code
+and ERROR lines of the tuned run. Wall times of the first call and of the whole run are reported side by side.
+The result file carries device, date, torch version and git commit; it is written to `--out`, by default a new
+file under benchmarks/results/ (never an existing one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = HERE / "workload.py"
+RESULTS = HERE.parent / "results"
+TOLERANCE = {"fp32": (1e-2, 1e-3), "bf16": (5e-2, 5e-2)}
+_ERROR_LINE = re.compile(r"(^|\s)(ERROR|CRITICAL)\b|Traceback \(most recent call last\)", re.MULTILINE)
+
+
+def _run(workload: str, args: argparse.Namespace, jit: bool, scratch: Path) -> dict[str, Any]:
+    out = scratch / f"{workload}-{'jit' if jit else 'plain'}.pt"
+    env = {k: v for k, v in os.environ.items() if k != "AUTOWRAPT_BOOTSTRAP" and not k.startswith("AITUNE_JIT_")}
+    env["AITUNE_JIT_CACHE_DIR"] = str(scratch / "jit-cache")
+    if jit:
+        env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_PRINT_HISTORY="1")
+        if args.precision == "bf16":
+            env["AITUNE_JIT_PRECISION"] = "bf16"
+    command = [sys.executable, str(SCRIPT), workload, "--out", str(out), "--size", args.size, "--device", args.device]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    stderr = done.stderr
+    result: dict[str, Any] = {
+        "returncode": done.returncode,
+        "error_lines": [line for line in stderr.splitlines() if _ERROR_LINE.search(line)][:20],
+        "stderr_tail": stderr[-3000:] if done.returncode else "",
+    }
+    if jit:
+        history = stderr[stderr.find("JIT Tuning History:") :].splitlines()
+        result["history"] = [line for line in history if "aitune JIT tuning summary" not in line][:400]
+        result["summary"] = stderr[stderr.find("aitune JIT tuning summary") :].splitlines()[:40]
+    if done.returncode == 0:
+        result["observed"] = torch.load(out)
+    return result
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+    diff = (got.double() - want.double()).abs()
+    return float(diff.max()), float(diff.norm() / want.double().norm().clamp_min(1e-30))
+
+
+def _within(got: torch.Tensor, want: torch.Tensor, precision: str) -> bool:
+    rtol, atol = TOLERANCE[precision]
+    return bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol))
+
+
+def _compare_generate(plain: dict[str, Any], jit: dict[str, Any], precision: str) -> dict[str, Any]:
+    calls = []
+    for index, (a, b, sa, sb) in enumerate(zip(plain["tokens"], jit["tokens"], plain["scores"], jit["scores"])):
+        max_abs, rel = _relative(sb, sa)
+        calls.append({"call": index, "tokens_identical": bool(torch.equal(a, b)), "scores_max_abs": max_abs,
+                      "scores_rel": rel, "scores_within_tolerance": _within(sb, sa, precision)})
+    ok = len(calls) == len(plain["tokens"]) and all(c["tokens_identical"] and c["scores_within_tolerance"]
+                                                    for c in calls)
+    return {"ok": ok, "calls": calls}
+
+
+def _compare_unet(plain: dict[str, Any], jit: dict[str, Any], precision: str) -> dict[str, Any]:
+    calls = []
+    for index, (a, b) in enumerate(zip(plain["calls"], jit["calls"])):
+        max_abs, rel = _relative(b["sample"], a["sample"])
+        calls.append({"call": index, "type_preserved": a["type"] == b["type"] and a["sample_type"] == b["sample_type"],
+                      "type": b["type"], "max_abs": max_abs, "rel": rel,
+                      "within_tolerance": _within(b["sample"], a["sample"], precision)})
+    images = [_relative(b, a) for a, b in zip(plain["images"], jit["images"])]
+    ok = len(calls) == len(plain["calls"]) and all(c["type_preserved"] and c["within_tolerance"] for c in calls)
+    return {"ok": ok, "calls": calls, "images_max_abs_rel": images}
+
+
+def compare(workload: str, plain: dict[str, Any], jit: dict[str, Any], precision: str) -> dict[str, Any]:
+    if "tokens" in plain:
+        return _compare_generate(plain, jit, precision)
+    if "calls" in plain:
+        return _compare_unet(plain, jit, precision)
+    raise ValueError(f"no comparison for {workload}")
+
+
+def _timing(observed: dict[str, Any]) -> dict[str, Any]:
+    times = observed.get("times") or []
+    return {"first_call_s": times[0] if times else None, "wall_s": observed.get("wall_s"),
+            "last_call_s": times[-1] if times else None}
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return "cpu"
+
+
+def _table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Real workloads: JIT (env var) vs plain, same script")
+    for column in ("workload", "same answers", "calls", "worst rel err", "first call plain/JIT s",
+                   "run plain/JIT s", "ERROR lines"):
+        table.add_column(column)
+    for row in rows:
+        calls = row.get("comparison", {}).get("calls", [])
+        worst = max((c.get("scores_rel", c.get("rel", 0.0)) for c in calls), default=float("nan"))
+        plain, jit = row.get("plain_timing", {}), row.get("jit_timing", {})
+        table.add_row(
+            row["workload"], "yes" if row.get("ok") else "NO", str(len(calls)), f"{worst:.2e}",
+            f"{plain.get('first_call_s') or 0:.2f} / {jit.get('first_call_s') or 0:.2f}",
+            f"{plain.get('wall_s') or 0:.1f} / {jit.get('wall_s') or 0:.1f}", str(len(row.get("error_lines", []))),
+        )
+    Console(width=140).print(table)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workloads", nargs="+", default=["gpt2", "unet"])
+    parser.add_argument("--size", default="real", choices=["tiny", "real"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--precision", default="fp32", choices=sorted(TOLERANCE))
+    parser.add_argument("--git-commit", default=None, help="the commit measured (the tree copy may have no .git)")
+    parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="aitune-real-") as scratch:
+        for workload in args.workloads:
+            plain = _run(workload, args, False, Path(scratch))
+            jit = _run(workload, args, True, Path(scratch))
+            row: dict[str, Any] = {"workload": workload, "plain_returncode": plain["returncode"],
+                                   "jit_returncode": jit["returncode"], "error_lines": jit["error_lines"],
+                                   "history": jit.get("history", []), "summary": jit.get("summary", []),
+                                   "stderr_tail": jit["stderr_tail"] or plain["stderr_tail"]}
+            if "observed" in plain and "observed" in jit:
+                row["comparison"] = compare(workload, plain["observed"], jit["observed"], args.precision)
+                row["plain_timing"], row["jit_timing"] = _timing(plain["observed"]), _timing(jit["observed"])
+            row["ok"] = bool(row.get("comparison", {}).get("ok")) and not row["error_lines"]
+            rows.append(row)
+    _table(rows)
+    now = dt.datetime.now(dt.timezone.utc)
+    device = _device_name(args.device)
+    result = {"benchmark": "real_workloads.correctness", "date": now.isoformat(timespec="seconds"),
+              "device": device, "torch": torch.__version__, "git_commit": args.git_commit, "size": args.size,
+              "precision": args.precision, "rows": rows}
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    out = args.out or RESULTS / f"real_workloads-{slug}-{args.precision}-{now:%Y%m%dT%H%M%SZ}.json"
+    if args.out is None and out.exists():
+        raise SystemExit(f"{out} exists; pass --out to choose another file")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"results written to {out}")
+    return 0 if all(row["ok"] for row in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""Real third-party workloads as unmodified scripts (no aitune code here), tiny for CI or at real size on a GPU.
+
+    python workload.py WORKLOAD --out FILE [--size tiny|real] [--device cpu|cuda] [--calls N]
+
+Builds the model from a config with random weights (no download), runs it the way users do (greedy
+`generate()` with the default DynamicCache, a DDIM denoising loop with classifier-free guidance, a module that
+appends to a caller-owned cache, a sentence-transformers-style module that adds keys to its input dict) and
+saves with `torch.save` everything a user could observe: tokens, scores, per-call outputs and their types, the
+state of objects the program owns, plus the wall time of every call. `correctness.py` (GPU) and
+tests/aitune_jit/test_real_workloads.py (CPU) run it plainly and under
+`AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` and compare the two files.
+
+Sizes: `tiny` is CI-sized (a few seconds on a 2-core CPU); `real` is GPT2Config() (124M) with prompts of 16/24/32
+tokens and an SD-1.5-shaped UNet2DConditionModel(sample_size=64, cross_attention_dim=768).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+    prompt_lengths: tuple[int, ...]
+    new_tokens: int
+    generate_calls: int
+    denoise_steps: int
+    images: int
+
+
+SIZES = {
+    "tiny": Size(prompt_lengths=(5, 7, 9), new_tokens=6, generate_calls=3, denoise_steps=4, images=2),
+    "real": Size(prompt_lengths=(16, 24, 32), new_tokens=32, generate_calls=10, denoise_steps=10, images=2),
+}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(device: str, fn: Callable[[], Any], times: list[float]) -> Any:
+    _sync(device)
+    start = time.perf_counter()
+    result = fn()
+    _sync(device)
+    times.append(time.perf_counter() - start)
+    return result
+
+
+def _generate(model: Any, vocab: int, size: Size, device: str) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(1)
+    tokens, scores, times = [], [], []
+    with torch.no_grad():
+        for call in range(size.generate_calls):
+            length = size.prompt_lengths[call % len(size.prompt_lengths)]
+            ids = torch.randint(3, vocab, (1, length), generator=generator).to(device)
+
+            def run(ids: torch.Tensor = ids) -> Any:
+                return model.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    max_new_tokens=size.new_tokens,
+                    do_sample=False,
+                    output_scores=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=0,
+                )
+
+            out = _timed(device, run, times)
+            tokens.append(out.sequences.cpu())
+            scores.append(torch.stack([s.float().cpu() for s in out.scores]))
+    return {"tokens": tokens, "scores": scores, "times": times}
+
+
+def gpt2(size: Size, real: bool, device: str) -> dict[str, Any]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config() if real else GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=96, n_positions=64)
+    model = GPT2LMHeadModel(config).eval().to(device)
+    return _generate(model, config.vocab_size, size, device)
+
+
+def llama(size: Size, real: bool, device: str) -> dict[str, Any]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    width = (512, 1376, 8, 8, 4, 32000) if real else (64, 128, 2, 4, 2, 96)
+    config = LlamaConfig(
+        hidden_size=width[0], intermediate_size=width[1], num_hidden_layers=width[2], num_attention_heads=width[3],
+        num_key_value_heads=width[4], vocab_size=width[5], max_position_embeddings=256,
+    )
+    model = LlamaForCausalLM(config).eval().to(device)
+    return _generate(model, config.vocab_size, size, device)
+
+
+def t5(size: Size, real: bool, device: str) -> dict[str, Any]:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    shape = {} if real else {"vocab_size": 96, "d_model": 64, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_heads": 4}
+    config = T5Config(**shape, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(config).eval().to(device)
+    return _generate(model, config.vocab_size, size, device)
+
+
+def bart(size: Size, real: bool, device: str) -> dict[str, Any]:
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    shape = {} if real else {
+        "vocab_size": 96, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "max_position_embeddings": 64,
+    }
+    config = BartConfig(
+        **shape, pad_token_id=0, bos_token_id=2, eos_token_id=1, decoder_start_token_id=2, forced_eos_token_id=None
+    )
+    model = BartForConditionalGeneration(config).eval().to(device)
+    return _generate(model, config.vocab_size, size, device)
+
+
+class KeyValueLog:
+    """A caller-owned object a module appends to (a hand-written KV cache)."""
+
+    def __init__(self) -> None:
+        self.entries: list[torch.Tensor] = []
+        self.calls = 0
+
+
+class AppendingModel(torch.nn.Module):
+    def __init__(self, width: int = 48) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(width, width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor, log: KeyValueLog) -> torch.Tensor:
+        h = self.proj(x)
+        log.entries.append(h)
+        log.calls += 1
+        context = torch.stack(log.entries).mean(0)
+        return self.out(h + context)
+
+
+def appending(size: Size, real: bool, device: str) -> dict[str, Any]:
+    model = AppendingModel().eval().to(device)
+    log = KeyValueLog()
+    generator = torch.Generator().manual_seed(1)
+    outputs = []
+    with torch.no_grad():
+        for _ in range(6):
+            outputs.append(model(torch.randn(2, 48, generator=generator).to(device), log).cpu())
+    return {"outputs": outputs, "entries": [e.cpu() for e in log.entries], "calls": log.calls}
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self, width: int = 48) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(64, width)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 96), torch.nn.GELU(), torch.nn.Linear(96, width))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.embed(input_ids))
+
+
+class Pooling(torch.nn.Module):
+    """sentence-transformers style: reads its features dict and adds keys to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Encoder()
+
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        tokens = self.encoder(features["input_ids"])
+        features["token_embeddings"] = tokens
+        features["sentence_embedding"] = tokens.mean(1)
+        return features
+
+
+def dict_mutation(size: Size, real: bool, device: str) -> dict[str, Any]:
+    model = Pooling().eval().to(device)
+    generator = torch.Generator().manual_seed(1)
+    results = []
+    with torch.no_grad():
+        for length in (6, 9, 7, 12, 8, 10):
+            features = {"input_ids": torch.randint(0, 64, (2, length), generator=generator).to(device)}
+            out = model(features)
+            results.append({"same_object": out is features, "keys": sorted(features),
+                            "embedding": features["sentence_embedding"].cpu()})
+    return {"results": results}
+
+
+def _unet(real: bool) -> torch.nn.Module:
+    from diffusers import UNet2DConditionModel
+
+    if real:  # SD 1.5's UNet shape
+        return UNet2DConditionModel(sample_size=64, cross_attention_dim=768)
+    return UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(32, 64),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=32, attention_head_dim=8, norm_num_groups=8,
+    )
+
+
+def unet(size: Size, real: bool, device: str) -> dict[str, Any]:
+    """A DDIM loop with classifier-free guidance (batch 2: unconditional and conditional)."""
+    from diffusers import DDIMScheduler
+
+    model = _unet(real).eval().to(device)
+    scheduler = DDIMScheduler(num_train_timesteps=1000 if real else 100)
+    scheduler.set_timesteps(size.denoise_steps)
+    generator = torch.Generator().manual_seed(1)
+    side, channels = (64, 768) if real else (8, 32)
+    text = torch.randn(2, 77 if real else 5, channels, generator=generator).to(device)
+    calls, images, times = [], [], []
+    with torch.no_grad():
+        for _image in range(size.images):
+            latents = torch.randn(1, 4, side, side, generator=generator).to(device)
+            for t in scheduler.timesteps:
+                batch = torch.cat([latents] * 2)
+                out = _timed(device, lambda b=batch, t=t: model(b, t, encoder_hidden_states=text), times)
+                calls.append({"type": type(out).__qualname__, "sample_type": type(out.sample).__qualname__,
+                              "sample": out.sample.cpu()})
+                uncond, cond = out.sample.chunk(2)
+                latents = scheduler.step(uncond + 7.5 * (cond - uncond), t, latents).prev_sample
+            images.append(latents.cpu())
+    return {"calls": calls, "images": images, "times": times}
+
+
+WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
+    f.__name__: f for f in (gpt2, llama, t5, bart, appending, dict_mutation, unet)
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workload", choices=sorted(WORKLOADS))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    result = WORKLOADS[args.workload](SIZES[args.size], args.size == "real", args.device)
+    result["wall_s"] = time.perf_counter() - start
+    torch.save(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

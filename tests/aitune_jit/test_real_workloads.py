@@ -1,0 +1,142 @@
+"""Real third-party workloads under the env var compute what they compute without aitune.
+
+Each case runs `benchmarks/real_workloads/workload.py WORKLOAD` (CI size) twice in fresh processes: plainly, and under
+`AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` with the default configuration. Everything the script could
+observe is compared: generated tokens exactly, scores and per-call outputs within the stated tolerance, output
+types, the state of objects the program owns. Tuning happens in the middle of the first `generate()` (the
+default `min_samples` is 2). stderr must hold no ERROR-level line and no traceback.
+
+Tolerances: fp32 outputs of Inductor on the CPU agree with eager to about 1e-5; the comparison allows
+rtol=1e-3, atol=1e-4 (aitune's own fp32 tolerance). With `AITUNE_JIT_PRECISION=bf16` the UNet's outputs are
+computed under bf16 autocast: rtol=atol=5e-2 (aitune's bf16 tolerance), also for the final latents after the
+DDIM loop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_workloads" / "workload.py"
+#: what a run measures about itself, not what the program computed
+_TIMINGS = ("times", "wall_s")
+FP32 = {"rtol": 1e-3, "atol": 1e-4}
+BF16 = {"rtol": 5e-2, "atol": 5e-2}
+_ERROR_LINE = re.compile(r"(^|\s)(ERROR|CRITICAL)\b|Traceback \(most recent call last\)|^E\d{4} ", re.MULTILINE)
+
+
+def _env(tmp_path: Path, jit: bool, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "AUTOWRAPT_BOOTSTRAP" and not k.startswith("AITUNE_JIT_")}
+    env["AITUNE_JIT_CACHE_DIR"] = str(tmp_path / "jit-cache")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    if jit:
+        env["AUTOWRAPT_BOOTSTRAP"] = "aitune_enable_jit_tuning"
+        env["AITUNE_JIT_PRINT_HISTORY"] = "1"
+    env.update(extra)
+    return env
+
+
+def _run(workload: str, tmp_path: Path, jit: bool, **extra: str) -> tuple[Any, str]:
+    out = tmp_path / f"{workload}-{'jit' if jit else 'plain'}.pt"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), workload, "--out", str(out)],
+        env=_env(tmp_path, jit, **extra),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-6000:]
+    observed = torch.load(out)
+    for key in _TIMINGS:
+        observed.pop(key, None)
+    return observed, result.stderr
+
+
+def _compare(plain: Any, tuned: Any, tolerance: dict[str, float], path: str = "result") -> None:
+    """Same structure, equal non-floating values, floating tensors within `tolerance`."""
+    assert type(tuned) is type(plain), f"{path}: {type(tuned).__name__} vs {type(plain).__name__}"
+    if isinstance(plain, torch.Tensor):
+        if plain.is_floating_point():
+            torch.testing.assert_close(tuned, plain, **tolerance, msg=lambda m: f"{path}: {m}")
+        else:
+            assert torch.equal(tuned, plain), f"{path}: {tuned.tolist()} != {plain.tolist()}"
+    elif isinstance(plain, dict):
+        assert sorted(tuned) == sorted(plain), path
+        for key in plain:
+            _compare(plain[key], tuned[key], tolerance, f"{path}[{key!r}]")
+    elif isinstance(plain, (list, tuple)):
+        assert len(tuned) == len(plain), path
+        for index, (a, b) in enumerate(zip(plain, tuned)):
+            _compare(a, b, tolerance, f"{path}[{index}]")
+    else:
+        assert tuned == plain, f"{path}: {tuned!r} != {plain!r}"
+
+
+def _assert_clean(stderr: str) -> None:
+    bad = [line for line in stderr.splitlines() if _ERROR_LINE.search(line)]
+    assert not bad, "ERROR-level output on stderr:\n" + "\n".join(bad[:20])
+
+
+def _history(stderr: str) -> str:
+    return stderr[stderr.find("JIT Tuning History") :] if "JIT Tuning History" in stderr else stderr
+
+
+def _check(workload: str, tmp_path: Path, tolerance: dict[str, float] = FP32, **extra: str) -> str:
+    plain, _ = _run(workload, tmp_path, jit=False)
+    tuned, stderr = _run(workload, tmp_path, jit=True, **extra)
+    _compare(plain, tuned, tolerance)
+    _assert_clean(stderr)
+    assert "aitune JIT tuning summary" in stderr
+    return stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["gpt2", "llama"])
+def test_decoder_generate_identical(workload, tmp_path):
+    """Greedy generate with the default DynamicCache, three prompts; tuning happens during the first one."""
+    stderr = _check(workload, tmp_path)
+    history = _history(stderr)
+    # the modules that update the cache are recognised as such, not replayed
+    assert "changes its argument `past_key_values` (DynamicCache)" in history, history[-3000:]
+    assert "state=tuned" in stderr or "1 module(s) tuned" in stderr or "module(s) tuned" in stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["t5", "bart"])
+def test_encoder_decoder_generate_identical(workload, tmp_path):
+    _check(workload, tmp_path)
+
+
+@pytest.mark.slow
+def test_caller_owned_object_keeps_its_state(tmp_path):
+    """A module appending to an object it is given: same outputs, same object state (6 entries, 6 calls)."""
+    stderr = _check("appending", tmp_path)
+    assert "changes its argument `log` (KeyValueLog)" in _history(stderr)
+
+
+@pytest.mark.slow
+def test_input_dict_mutation_identical_and_child_tuned(tmp_path):
+    """A forward that adds keys to its input dict stays eager; its encoder (given tensors) is tuned and used."""
+    stderr = _check("dict_mutation", tmp_path)
+    history = _history(stderr)
+    assert "changes its argument `features` (dict)" in history
+    assert re.search(r"Pooling\.encoder \(Encoder .*\): TorchInductorBackend", stderr), stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_unet_ddim_loop_fp32(tmp_path):
+    """diffusers UNet2DConditionModel (BaseOutput result) in a DDIM loop with CFG: types kept, outputs close."""
+    stderr = _check("unet", tmp_path)
+    assert re.search(r"UNet2DConditionModel \(UNet2DConditionModel .*\): TorchInductorBackend", stderr), stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_unet_ddim_loop_bf16(tmp_path):
+    _check("unet", tmp_path, BF16, AITUNE_JIT_PRECISION="bf16")
