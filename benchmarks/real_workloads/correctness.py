@@ -44,8 +44,12 @@ def _run(workload: str, args: argparse.Namespace, jit: bool, scratch: Path) -> d
         if args.precision == "bf16":
             env["AITUNE_JIT_PRECISION"] = "bf16"
     command = [sys.executable, str(SCRIPT), workload, "--out", str(out), "--size", args.size, "--device", args.device]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
-    stderr = done.stderr
+    log_dir = args.log_dir or scratch
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{workload}-{'jit' if jit else 'plain'}.stderr.txt"
+    with log.open("w") as sink:  # streamed: a run cut short still leaves what it printed
+        done = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
+    stderr = log.read_text(errors="replace")
     result: dict[str, Any] = {
         "returncode": done.returncode,
         "error_lines": [line for line in stderr.splitlines() if _ERROR_LINE.search(line)][:20],
@@ -142,6 +146,7 @@ def main() -> int:
     parser.add_argument("--git-commit", default=None, help="the commit measured (the tree copy may have no .git)")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep each run's output here (default: scratch)")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="aitune-real-") as scratch:
