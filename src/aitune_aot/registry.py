@@ -62,10 +62,6 @@ class ModuleRegistry:
             self._modules[unique] = module
             return unique
 
-    def unregister(self, name: str) -> None:
-        with self._lock:
-            self._modules.pop(name, None)
-
     def get(self, name: str) -> Module | None:
         return self._modules.get(name)
 

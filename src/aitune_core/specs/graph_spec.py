@@ -191,7 +191,7 @@ class GraphSpec:
         )
 
     def table(self) -> str:
-        """The seed's layout: `Name=0`, then `Input_spec:` and `Output_spec:` tensor tables."""
+        """The logged layout: `Name=0`, then `Input_spec:` and `Output_spec:` tensor tables."""
         from aitune_core.specs.tables import render_graph_spec
 
         return render_graph_spec(self)

@@ -1,4 +1,4 @@
-"""Rich tables for specs, in the seed's layout (Locator, Name, Shape, Min Shape, Max Shape, Dtype).
+"""Rich tables for specs, (columns: Locator, Name, Shape, Min Shape, Max Shape, Dtype).
 
 Rendering is for logs and `print`; nothing on a dispatch path calls into this module.
 """
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 TENSOR_COLUMNS = ("Locator", "Name", "Shape", "Min Shape", "Max Shape", "Dtype")
 CONSTANT_COLUMNS = ("Locator", "Value")
 
-# ╒═╤═╕ / ╞═╪═╡ / ╘═╧═╛ as in the seed's tables
+# ╒═╤═╕ / ╞═╪═╡ / ╘═╧═╛ borders, as in every aitune spec table
 SPEC_BOX = box.Box(
     "╒═╤╕\n"
     "│ ││\n"
