@@ -49,6 +49,7 @@ import torch
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.errors import TuningFailedError
 from aitune_core.log import get_logger, timed
+from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
 from aitune_core.validation.validator import validate_backend
 
 if TYPE_CHECKING:
@@ -408,8 +409,8 @@ class TuneStrategy(ABC):
             _logger.info("  number of layers: %d", len(list(module.children())))
         _logger.info("  precisions: %s", _precisions(module, graph_spec))
         _logger.info("  graph_spec:")
-        _logger.info("  input_spec:\n%s", graph_spec.input_spec.table())
-        _logger.info("  output_spec:\n%s", graph_spec.output_spec.table())
+        _logger.info("  input_spec:\n%s", render_sample_metadata(graph_spec.input_spec))
+        _logger.info("  output_spec:\n%s", render_sample_metadata(graph_spec.output_spec))
         _logger.info("  num samples: %d", len(data))
         _logger.info("  device: %s", device)
         _logger.info("  cache_dir: %s", cache_dir)
@@ -426,7 +427,7 @@ class TuneStrategy(ABC):
             "✅ Selected %s for module %s and graph spec %s",
             report.backend.describe(),
             name,
-            graph_spec.table(),
+            render_graph_spec(graph_spec),
         )
         if report.selected_latency_ms is not None:
             selected = report.selected
