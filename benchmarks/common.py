@@ -51,6 +51,19 @@ def parser(description: str | None) -> argparse.ArgumentParser:
     return p
 
 
+def case_options(
+    p: argparse.ArgumentParser, *, model: str, batches: list[int], precision: str | None = "fp32"
+) -> argparse.ArgumentParser:
+    """The probes' case options: `--model` (a name from benchmarks/suite/models.py), `--batches` and, unless
+    `precision` is None, `--precision` (fp32, or bf16 autocast)."""
+    p.add_argument("--model", default=model, help=f"model name from benchmarks/suite/models.py (default {model})")
+    p.add_argument("--batches", type=int, nargs="+", default=list(batches))
+    if precision is not None:
+        p.add_argument("--precision", choices=("fp32", "bf16"), default=precision,
+                       help="bf16: bf16 autocast (the JIT through its precision option)")
+    return p
+
+
 def git_commit(explicit: str | None = None) -> str:
     """`explicit`, else the short HEAD commit of this checkout (with `+dirty` when tracked files changed)."""
     if explicit:

@@ -54,9 +54,7 @@ def _pair(target: torch.nn.Module, second: torch.nn.Module, batch: models.Batch,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.parser(__doc__)
-    parser.add_argument("--model", default="bert_base")
-    parser.add_argument("--batches", type=int, nargs="+", default=[8])
+    parser = common.case_options(common.parser(__doc__), model="bert_base", batches=[8], precision=None)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--mode", default="reduce-overhead", help="the first wrapper's mode")
     parser.add_argument("--iters", type=int, default=200)

@@ -117,10 +117,7 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.parser(__doc__)
-    parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser = common.case_options(common.parser(__doc__), model="resnet50", batches=[1, 8])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--calls", type=int, default=300, help="timed calls per row and round")
     parser.add_argument("--warmup", type=int, default=30)

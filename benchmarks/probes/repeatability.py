@@ -132,10 +132,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.parser(__doc__)
-    parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser = common.case_options(common.parser(__doc__), model="resnet50", batches=[1, 8])
     parser.add_argument("--contenders", nargs="+", default=[JIT, "compile:reduce-overhead (workload)"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=100)

@@ -156,13 +156,9 @@ def measure_jit(probe: _Probe, tuned: torch.nn.Module, args: argparse.Namespace)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = common.parser(__doc__)
-    parser.add_argument("--model", default="resnet50")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser = common.case_options(common.parser(__doc__), model="resnet50", batches=[1, 32])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--mode", default="reduce-overhead")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                        help="bf16: the JIT with precision='bf16', eager and torch.compile under bf16 autocast")
     parser.add_argument("--iters", type=int, default=200)
     parser.add_argument("--settle", type=int, default=20, help="stable calls that end the warm-up")
     parser.add_argument("--profile", action="store_true",

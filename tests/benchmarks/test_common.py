@@ -52,3 +52,10 @@ def test_no_benchmark_puts_src_on_the_path_or_imports_jit_internals():
         text = path.read_text()
         assert "sys.path.insert" not in text, path
         assert "aitune_jit" not in text.replace("aitune_jit_", ""), f"{path}: use the aitune.torch API"
+
+
+def test_case_options_give_model_batches_and_optional_precision():
+    args = common.case_options(common.parser("x"), model="m", batches=[1, 8]).parse_args(["--batches", "2"])
+    assert (args.model, args.batches, args.precision) == ("m", [2], "fp32")
+    bare = common.case_options(common.parser("x"), model="m", batches=[4], precision=None).parse_args([])
+    assert bare.batches == [4] and not hasattr(bare, "precision")
