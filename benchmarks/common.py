@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from importlib import metadata
@@ -117,7 +118,7 @@ def environment(benchmark: str, device: str, commit: str | None = None) -> dict[
         "python": platform.python_version(),
         "torch": torch.__version__,
         "packages": package_versions(),
-        "command": " ".join(["python", "-m", _module_name(), *sys.argv[1:]]),
+        "command": shlex.join(["python", "-m", _module_name(), *sys.argv[1:]]),
     }
 
 
