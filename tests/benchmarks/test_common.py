@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 from pathlib import Path
@@ -47,11 +48,34 @@ def test_parser_has_the_shared_options_and_write_result_writes_json(tmp_path, ca
     assert json.loads(written.read_text()) == {"a": 1} and "results:" in capsys.readouterr().out
 
 
-def test_no_benchmark_puts_src_on_the_path_or_imports_jit_internals():
+def _path_edits_and_imports(path: Path) -> tuple[list[int], list[str]]:
+    """Lines that change `sys.path`, and every module an import statement of `path` names."""
+    edits, imported = [], []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            target = node.func.value
+            if isinstance(target, ast.Attribute) and target.attr == "path" and getattr(target.value, "id", "") == "sys":
+                edits.append(node.lineno)
+        elif isinstance(node, ast.Import):
+            imported += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.append(node.module)
+    return edits, imported
+
+
+def test_no_benchmark_edits_sys_path_or_imports_jit_internals():
+    """Benchmarks run as `python -m benchmarks....` against the installed package, through `aitune.torch`."""
     for path in (common.REPO / "benchmarks").rglob("*.py"):
-        text = path.read_text()
-        assert "sys.path.insert" not in text, path
-        assert "aitune_jit" not in text.replace("aitune_jit_", ""), f"{path}: use the aitune.torch API"
+        edits, imported = _path_edits_and_imports(path)
+        assert not edits, f"{path}:{edits}: sys.path edited"
+        jit = [name for name in imported if name == "aitune_jit" or name.startswith("aitune_jit.")]
+        assert not jit, f"{path}: imports {jit}; use the aitune.torch API"
+
+
+def test_the_check_sees_a_path_edit_and_a_jit_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nsys.path.insert(0, 'src')\nfrom aitune_jit.hook import install\n")
+    assert _path_edits_and_imports(probe) == ([2], ["sys", "aitune_jit.hook"])
 
 
 def test_case_options_give_model_batches_and_optional_precision():
