@@ -25,11 +25,12 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
 
+# Benchmarks write their results to benchmarks/results/local/ (ignored by git); pass --out to choose a file.
 bench-cpu: $(STAMP)
-	$(PY) benchmarks/cpu_suite.py
+	$(PY) -m benchmarks.suite.cpu_suite
 
 bench-hook: $(STAMP)
-	$(PY) benchmarks/hook_overhead.py
+	$(PY) -m benchmarks.probes.hook_overhead
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -6,6 +6,9 @@ references: a wrapper that the program dropped is not tuned by a later `tune()`.
 routed forward refer to each other, so a dropped wrapper lives until the garbage collector runs; a name
 collision therefore runs a collection first, so that re-creating a wrapper (a notebook cell run twice, a test
 after another) gets its name back instead of a `_1` suffix that its checkpoint would then carry.
+
+The registry is generic in what it holds and never imports `aitune_aot.module`: the wrapper registers itself
+here, so the dependency points one way (module -> registry).
 """
 
 from __future__ import annotations
@@ -15,14 +18,14 @@ import logging
 import re
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from aitune_aot.module import Module
+from typing import Any, Generic, TypeVar
 
 _logger = logging.getLogger("aitune.aot.registry")
 
 _INVALID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+
+#: what the registry holds: `aitune_aot.module.Module` wrappers in `MODULE_REGISTRY`
+W = TypeVar("W")
 
 
 def sanitize_name(name: str | None) -> str | None:
@@ -38,14 +41,14 @@ def default_name(obj: Any) -> str:
     return sanitize_name(type(obj).__name__) or "module"
 
 
-class ModuleRegistry:
+class ModuleRegistry(Generic[W]):
     """Name -> live wrapper, in registration order."""
 
     def __init__(self) -> None:
-        self._modules: weakref.WeakValueDictionary[str, Module] = weakref.WeakValueDictionary()
+        self._modules: weakref.WeakValueDictionary[str, W] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
 
-    def register(self, name: str, module: Module, *, explicit: bool) -> str:
+    def register(self, name: str, module: W, *, explicit: bool) -> str:
         """Register `module` under `name` or, when taken, under the first free `name_<n>`; returns the name used."""
         holder = self._modules.get(name)
         if holder is not None and holder is not module:
@@ -62,14 +65,10 @@ class ModuleRegistry:
             self._modules[unique] = module
             return unique
 
-    def unregister(self, name: str) -> None:
-        with self._lock:
-            self._modules.pop(name, None)
-
-    def get(self, name: str) -> Module | None:
+    def get(self, name: str) -> W | None:
         return self._modules.get(name)
 
-    def modules(self) -> list[Module]:
+    def modules(self) -> list[W]:
         """Live wrappers in registration order."""
         with self._lock:
             return list(self._modules.values())
@@ -89,4 +88,5 @@ class ModuleRegistry:
         return name in self._modules
 
 
-MODULE_REGISTRY = ModuleRegistry()
+#: the live `aitune.torch.Module` wrappers (each registers itself when created)
+MODULE_REGISTRY: ModuleRegistry[Any] = ModuleRegistry()

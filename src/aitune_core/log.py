@@ -1,4 +1,4 @@
-"""Logging helpers: the `aitune` logger hierarchy and the pieces of the seed's log layout.
+"""Logging helpers: the `aitune` logger hierarchy and the pieces of aitune's log layout.
 
 Library code never prints. It logs through `get_logger(area)` (a child of the `aitune` logger),
 uses `SEPARATOR` / `THIN_SEPARATOR` for the thick and thin rules between tuning steps, `timed(...)`
@@ -47,7 +47,7 @@ def log_separator(logger: logging.Logger, *, thin: bool = False, level: int = lo
 
 
 def format_duration(seconds: float) -> str:
-    """Human duration as in the seed's logs: `1.90min`, `19.70s`, `47.56ms`."""
+    """Human duration as in the tuning logs: `1.90min`, `19.70s`, `47.56ms`."""
     if seconds >= 60.0:
         return f"{seconds / 60.0:.2f}min"
     if seconds >= 1.0:

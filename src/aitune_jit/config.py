@@ -326,11 +326,8 @@ def tensorrt_available() -> bool:
 #: On CUDA the default strategy stops trying candidates once one is this many times faster than eager at the
 #: recorded shapes: each further Inductor compile costs seconds of time-to-tuned while stalling the caller.
 #: Barely above 1 because the first fp32 candidate, Inductor with CUDA graphs, is the default-mode compile plus
-#: graph replay: once it beats eager, the default mode has nothing left to win. On an H200 (2026-11-21, resnet50,
-#: vit_base, BERT-base at batch 1/8/32) it was at least as fast as the default mode in all 9 cases, while its
-#: speedup over eager ranged from 1.06x to 5.3x; the former threshold of 1.5 compiled the second candidate in
-#: 4 of them for nothing and took 1.5x longer to tune. The 2 % margin keeps a tie with eager (within profiling
-#: noise) from counting as a win.
+#: graph replay: once it beats eager, the default mode has nothing left to win (docs/benchmarks.md has the
+#: measurements). The 2 % margin keeps a tie with eager (within profiling noise) from counting as a win.
 CUDA_EARLY_STOP_SPEEDUP = 1.02
 
 
@@ -341,9 +338,8 @@ def default_backends(device: torch.device | str | None = None, precision: str | 
     - with `precision` ("bf16"/"fp16", opt-in), Inductor under autocast to that dtype (validated with that
       dtype's tolerance), on CUDA its CUDA-graph variant first: the user asked for lower precision;
     - on CUDA, Inductor `mode="reduce-overhead"` (CUDA graphs) before the default mode: CUDA graphs remove the
-      launch overhead that dominates small batches and cost little at large ones (H200, resnet50 fp32,
-      2026-11-21: 0.69 vs 1.99 ms at batch 1, 2.70 vs 2.89 ms at batch 32), so they are the likely winner and
-      the early stop (`CUDA_EARLY_STOP_SPEEDUP`) usually saves the second compile;
+      launch overhead that dominates small batches and cost little at large ones (docs/benchmarks.md), so they
+      are the likely winner and the early stop (`CUDA_EARLY_STOP_SPEEDUP`) usually saves the second compile;
     - Torch Inductor (default mode).
     """
     from aitune_core.backends.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig

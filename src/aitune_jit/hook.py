@@ -186,7 +186,6 @@ def _make_patched_call(original: Callable[..., Any]) -> Callable[..., Any]:
                 return original(self, *args, **kwargs)
             return slow_call(call, self, slot, args, kwargs)
 
-    __call__.__aitune_jit_original__ = original  # type: ignore[attr-defined]
     skip_as_top_frame(__call__, call)
     return __call__
 

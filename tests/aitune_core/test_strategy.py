@@ -127,7 +127,7 @@ def test_dry_run_builds_nothing(graph, tmp_path, caplog):
 
 
 class CustomStrategy(TuneStrategy):
-    """A user strategy written against the seed's documented `_tune -> Backend`."""
+    """A user strategy whose `_tune` returns just a `Backend`, as the public API allows."""
 
     def __init__(self):
         super().__init__([GoodBackend()])

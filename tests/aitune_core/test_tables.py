@@ -2,7 +2,12 @@ import torch
 
 from aitune_core.log import render_to_str
 from aitune_core.recording.graph_recorder import GraphRecorder
-from aitune_core.specs.tables import TENSOR_COLUMNS
+from aitune_core.specs.tables import (
+    TENSOR_COLUMNS,
+    graph_spec_renderable,
+    render_graph_spec,
+    render_sample_metadata,
+)
 
 
 def _resnet_like_spec():
@@ -14,8 +19,8 @@ def _resnet_like_spec():
     return recorder.graph_specs[0]
 
 
-def test_graph_spec_table_has_seed_columns_and_values():
-    text = _resnet_like_spec().table()
+def test_graph_spec_table_has_the_spec_columns_and_values():
+    text = render_graph_spec(_resnet_like_spec())
     lines = text.splitlines()
     assert lines[0] == "Name=0"
     assert "Input_spec:" in lines and "Output_spec:" in lines and "Tensors:" in lines
@@ -29,16 +34,22 @@ def test_graph_spec_table_has_seed_columns_and_values():
     assert "\x1b[" not in text
 
 
-def test_rich_protocol_and_str():
+def test_renderable_draws_the_logged_text():
     spec = _resnet_like_spec()
-    assert str(spec) == spec.table()
-    assert render_to_str(spec) == spec.table()
-    assert "['x']" in spec.input_spec.table()
+    assert render_to_str(graph_spec_renderable(spec)) == render_graph_spec(spec)
+    assert "['x']" in render_sample_metadata(spec.input_spec)
+
+
+def test_spec_types_hold_data_only():
+    """Drawing depends on the data, not the other way round: the types have no table methods."""
+    spec = _resnet_like_spec()
+    assert not hasattr(spec, "table") and not hasattr(spec, "__rich__")
+    assert not hasattr(spec.input_spec, "table") and not hasattr(spec.input_spec, "__rich__")
 
 
 def test_constants_are_listed():
     recorder = GraphRecorder(lambda x, mode="a": x)
     x = torch.ones(1)
     spec = recorder.record((x,), {"mode": "fast"}, x)
-    text = spec.table()
+    text = render_graph_spec(spec)
     assert "Constants:" in text and "'fast'" in text

@@ -94,7 +94,7 @@ class MLP(torch.nn.Module):
 
 
 class DynamicModule(torch.nn.Module):
-    """The seed's example of a graph break: control flow on the input's values."""
+    """A typical graph break: control flow on the input's values."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -58,7 +58,7 @@ def test_print_hierarchy_and_history_of_a_tuned_root(eager_backend):
 
 
 def test_graph_break_makes_the_root_eager_and_its_children_tuned():
-    """Acceptance 2: the seed's DynamicModule, both branches exercised."""
+    """A DynamicModule (graph break on the input's values), both branches exercised."""
     jit_config.backends = [CountingBackend()]
     jit_config.min_parameters = 0
     jit_config.detect_graph_breaks = True

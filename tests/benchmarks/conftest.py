@@ -1,8 +1,9 @@
-"""Make the benchmark helpers (plain modules under benchmarks/) importable by their own names."""
+"""Make the `benchmarks` package at the repository root importable, as `python -m benchmarks....` run from the
+root does (`python -m pytest` from the root has it already; a bare `pytest` may not)."""
 
 import sys
 from pathlib import Path
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-if str(BENCHMARKS) not in sys.path:
-    sys.path.insert(0, str(BENCHMARKS))
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))

@@ -33,10 +33,6 @@ class TorchEagerBackend(Backend):
         super().__init__(config)
         self._module: torch.nn.Module | None = None
 
-    @property
-    def is_jit(self) -> bool:
-        return True
-
     def _build(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
         if not callable(module):
             raise TypeError(f"{self.name} needs a callable module, got {type(module).__name__}")

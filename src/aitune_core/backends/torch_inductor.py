@@ -208,10 +208,6 @@ class TorchInductorBackend(Backend):
     def config(self) -> TorchInductorBackendConfig:
         return self._config  # type: ignore[return-value]
 
-    @property
-    def is_jit(self) -> bool:
-        return True
-
     def tolerance(self, dtype: torch.dtype) -> Any:
         """With autocast, floating outputs are computed in the autocast dtype: validate with its tolerance."""
         from aitune_core.validation.tolerance import default_tolerance

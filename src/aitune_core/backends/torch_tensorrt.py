@@ -133,10 +133,6 @@ class TorchTensorRTBackend(Backend):
         return self._config  # type: ignore[return-value]
 
     @property
-    def is_jit(self) -> bool:
-        return True
-
-    @property
     def profiles(self) -> dict[str, ShapeRange]:
         return dict(self._profiles)
 

@@ -200,11 +200,6 @@ class CheckpointWriter:
         torch.save(obj, target)
         return self._register(_check_relative(rel))
 
-    def write_json(self, obj: Any, rel: str) -> FileEntry:
-        target = self._target(rel)
-        target.write_text(json.dumps(obj, indent=2, sort_keys=True))
-        return self._register(_check_relative(rel))
-
     @property
     def files(self) -> dict[str, FileEntry]:
         return dict(self._files)

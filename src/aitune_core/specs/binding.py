@@ -10,7 +10,7 @@
   `m(x, a=1, b=2)` and `m(x, b=2, a=1)` bind the same.
 
 Defaults are not applied: an argument the caller left out is absent. So `m(x)` and `m(x, mask=None)`
-are different sets of arguments (different graphs), as the seed's graph-identity rules say.
+are different sets of arguments (different graphs): a graph is identified by the arguments actually passed.
 
 A callable whose signature cannot be read (some builtins) gets the generic binder `(*args, **kwargs)`.
 A call that does not fit the signature raises `TypeError`, as calling the function would.

@@ -189,17 +189,3 @@ class GraphSpec:
             binder=Binder.from_dict(data["binder"]) if "binder" in data else Binder.generic(),
             strict=bool(data.get("strict", True)),
         )
-
-    def table(self) -> str:
-        """The seed's layout: `Name=0`, then `Input_spec:` and `Output_spec:` tensor tables."""
-        from aitune_core.specs.tables import render_graph_spec
-
-        return render_graph_spec(self)
-
-    def __str__(self) -> str:
-        return self.table()
-
-    def __rich__(self) -> Any:
-        from aitune_core.specs.tables import graph_spec_renderable
-
-        return graph_spec_renderable(self)

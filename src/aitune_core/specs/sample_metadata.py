@@ -240,13 +240,3 @@ class SampleMetadata:
             structure=TreeDef.from_dict(data["structure"]),
             constants=tuple((locator, decode_constant(value)) for locator, value in data.get("constants", ())),
         )
-
-    def table(self) -> str:
-        from aitune_core.specs.tables import render_sample_metadata
-
-        return render_sample_metadata(self)
-
-    def __rich__(self) -> Any:
-        from aitune_core.specs.tables import sample_metadata_renderable
-
-        return sample_metadata_renderable(self)

@@ -1,6 +1,9 @@
-"""Rich tables for specs, in the seed's layout (Locator, Name, Shape, Min Shape, Max Shape, Dtype).
+"""Rich tables for specs (columns: Locator, Name, Shape, Min Shape, Max Shape, Dtype).
 
-Rendering is for logs and `print`; nothing on a dispatch path calls into this module.
+Rendering is for logs and `print`; nothing on a dispatch path calls into this module. The spec types
+(`GraphSpec`, `SampleMetadata`) hold data only and never import this module: drawing depends on the data, not
+the other way round. `render_graph_spec(spec)` is the logged text; `graph_spec_renderable(spec)` goes to
+`rich.print`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ if TYPE_CHECKING:
 TENSOR_COLUMNS = ("Locator", "Name", "Shape", "Min Shape", "Max Shape", "Dtype")
 CONSTANT_COLUMNS = ("Locator", "Value")
 
-# ╒═╤═╕ / ╞═╪═╡ / ╘═╧═╛ as in the seed's tables
+# ╒═╤═╕ / ╞═╪═╡ / ╘═╧═╛ borders, as in every aitune spec table
 SPEC_BOX = box.Box(
     "╒═╤╕\n"
     "│ ││\n"

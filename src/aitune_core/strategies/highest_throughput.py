@@ -14,7 +14,7 @@ Two ways to profile:
   profiled on one real recorded sample: the most common input shapes among the samples (ties: the largest).
 
 Either way `TuneReport.speedup` = eager latency / selected latency. The strategy never decides to keep eager
-itself: the caller does (JIT's `keep_eager_if_not_faster` uses `TuneReport.beats_eager()`).
+itself: the caller does (the JIT tuner keeps eager when `TuneReport.speedup` is below 1).
 `stop_when_speedup_over=x` stops trying further backends once one is x times faster than eager.
 
 Profiling calls the module and the backends many times: it is not meant for modules whose forward changes their

@@ -4,7 +4,7 @@ A strategy gets the module (with its original forward), the GraphSpec, the recor
 device and a cache directory. It builds copies of its blueprint backends (`backend.blueprint_copy()`, so one
 blueprint serves many modules and graphs without side effects), validates each against the recorded outputs
 (`validate_backend`, unless `enable_correctness_check(False)`), may profile them, and returns the chosen backend
-ACTIVE. Candidates that lose are deactivated. Every step is logged in the layout of the seed's tuning logs:
+ACTIVE. Candidates that lose are deactivated. Every step is logged in this layout:
 
     🚀 Tuning graph `0` for module `my-model`:
       number of parameters: ...      precisions: ...      graph_spec tables, num samples, device, cache_dir
@@ -28,8 +28,8 @@ A failing candidate (any exception from build, validation or profiling) is logge
 and recorded in its `CandidateReport.error`; when no candidate succeeds, `TuningFailedError` lists every
 candidate's cause. `OneBackendStrategy` instead re-raises the original exception.
 
-Custom strategies implement `_tune(...)` and may return either a `TuneReport` or (as in the seed's documentation)
-just the tuned `Backend`; `_pre_tune` / `_post_tune` run before and after it.
+Custom strategies implement `_tune(...)` and may return either a `TuneReport` or just the tuned `Backend`;
+`_pre_tune` / `_post_tune` run before and after it.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ import torch
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.errors import TuningFailedError
 from aitune_core.log import get_logger, timed
+from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
 from aitune_core.validation.validator import validate_backend
 
 if TYPE_CHECKING:
@@ -103,7 +104,7 @@ class TuneReport:
     def beats_eager(self, min_speedup: float = 1.0) -> bool | None:
         """Whether the selected backend is faster than eager by at least `min_speedup`; None when not measured.
 
-        The JIT layer uses it for `keep_eager_if_not_faster`: when False it keeps the original module.
+        A caller may use it to keep the original module when no backend is faster than eager.
         """
         speedup = self.speedup
         return None if speedup is None else speedup >= min_speedup
@@ -164,10 +165,6 @@ def _precisions(module: Any, graph_spec: GraphSpec) -> str:
     return ", ".join(sorted(str(d) for d in dtypes)) or "-"
 
 
-def _indent(text: str, prefix: str = "    ") -> str:
-    return "\n".join(prefix + line if line else line for line in text.splitlines())
-
-
 def _failure_message(name: str, graph_spec: GraphSpec, candidates: Sequence[CandidateReport]) -> str:
     if not candidates:
         return f"No backend to try for module `{name}` (graph {graph_spec.name}): the strategy has no backends"
@@ -210,10 +207,6 @@ class TuneStrategy(ABC):
     def backends(self) -> list[Backend]:
         """The blueprint backends, in the order they are tried."""
         return list(self._backends)
-
-    @property
-    def correctness_check(self) -> bool:
-        return self._correctness_check
 
     def enable_correctness_check(self, enabled: bool) -> None:
         """Validate each built backend against the recorded outputs (on by default)."""
@@ -416,8 +409,8 @@ class TuneStrategy(ABC):
             _logger.info("  number of layers: %d", len(list(module.children())))
         _logger.info("  precisions: %s", _precisions(module, graph_spec))
         _logger.info("  graph_spec:")
-        _logger.info("  input_spec:\n%s", graph_spec.input_spec.table())
-        _logger.info("  output_spec:\n%s", graph_spec.output_spec.table())
+        _logger.info("  input_spec:\n%s", render_sample_metadata(graph_spec.input_spec))
+        _logger.info("  output_spec:\n%s", render_sample_metadata(graph_spec.output_spec))
         _logger.info("  num samples: %d", len(data))
         _logger.info("  device: %s", device)
         _logger.info("  cache_dir: %s", cache_dir)
@@ -434,7 +427,7 @@ class TuneStrategy(ABC):
             "✅ Selected %s for module %s and graph spec %s",
             report.backend.describe(),
             name,
-            graph_spec.table(),
+            render_graph_spec(graph_spec),
         )
         if report.selected_latency_ms is not None:
             selected = report.selected

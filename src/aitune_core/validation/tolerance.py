@@ -27,10 +27,9 @@ Why these values:
   so two TF32 paths differ by a few 1e-3 after many layers.
 - float16: epsilon ~1e-3; fused kernels keep fp32 intermediates where eager rounds after every op, which moves
   outputs by a few ulps per layer. Autocast backends validate fp32 outputs with the autocast dtype's tolerance.
-- bfloat16: epsilon ~8e-3, so one ulp is already up to 0.8 %, and errors grow with depth: BERT-base (12 layers)
-  under bf16 autocast on an H200 (2026-11-21) put 59 of 3.1M hidden-state elements up to 0.029 away from fp32
-  eager, mostly near zero (relative L2 error 5.6e-3); 2e-2 rejected it, 5e-2 leaves ~1.7x margin while a wrong
-  op or wrong weights still miss by O(1).
+- bfloat16: epsilon ~8e-3, so one ulp is already up to 0.8 %, and errors grow with depth: a 12-layer BERT-base
+  under bf16 autocast puts a few dozen of its millions of hidden-state elements up to ~0.03 away from fp32
+  eager, mostly near zero; 5e-2 leaves margin for that while a wrong op or wrong weights still miss by O(1).
 - float8: 2-3 mantissa bits.
 - quantizing backends compare against the un-quantized reference, so they get `quantized_tolerance`.
 

@@ -1,0 +1,1 @@
+"""Plain workload scripts that the suite runs in subprocesses (they never import aitune)."""
