@@ -14,6 +14,15 @@ caller (or a test) may change:
     from aitune_core import profiling
     profiling.settings.cpu_iterations = 3
 
+`compare(fns, args, kwargs)` measures several functions on the same inputs against the first one (the
+baseline, e.g. the eager module) in ALTERNATING rounds: baseline, candidate, baseline, candidate, ... (the
+order inside a round rotates). Each round's median is taken per function and the speedup of a candidate is the
+median over rounds of (baseline round median / candidate round median). On a busy machine (other processes on
+the same cores, frequency changes) load shifts over seconds; interleaving exposes every function to the same
+load, and medians ignore the calls a preemption hit. The number of calls per round is chosen from a timed
+call so that a round takes about `*_round_s`; rounds run until `*_budget_s` seconds were spent (at least
+`min_rounds`, at most `max_rounds`), so a measurement is stable without taking unbounded time.
+
 `make_batch(sample, graph_spec, batch_size)` makes the inputs of a call with another batch size from one
 recorded sample by repeating it along the batch axes of the GraphSpec (indices `arange(new) % old`), which is how
 `HighestThroughputStrategy` profiles at batch sizes that were never recorded. Only shapes matter for profiling;
@@ -22,6 +31,7 @@ the values are the recorded ones, repeated.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -46,6 +56,13 @@ class ProfileSettings:
     cuda_iterations: int = 30
     cuda_min_time_s: float = 0.2
     max_iterations: int = 1000
+    #: `compare`: target duration of one function's share of a round, and the time budget of one comparison
+    cpu_round_s: float = 0.02
+    cpu_budget_s: float = 1.0
+    cuda_round_s: float = 0.01
+    cuda_budget_s: float = 0.5
+    min_rounds: int = 5
+    max_rounds: int = 200
 
     def for_device(self, device: torch.device) -> tuple[int, int, float]:
         if device.type == "cuda":
@@ -170,6 +187,90 @@ def profile(
         fn, args, kwargs, device=device, warmup=warmup, iterations=iterations, min_time_s=min_time_s
     )
     return Measurement(statistics.median(latencies), batch_size, len(latencies))
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Result of `compare`: per function (baseline first) the median latency over every timed call, and the
+    speedup of each over the baseline (median over rounds of the ratio of round medians; 1.0 for the baseline)."""
+
+    latencies_ms: tuple[float, ...]
+    speedups: tuple[float, ...]
+    rounds: int
+    calls_per_round: int
+
+    @property
+    def baseline_ms(self) -> float:
+        return self.latencies_ms[0]
+
+
+def _timed_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], count: int,
+                 cuda: bool) -> list[float]:
+    """Latencies (ms) of `count` calls; on CUDA bracketed by events and synchronized once at the end."""
+    if cuda:
+        events = []
+        for _ in range(count):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn(*args, **kwargs)
+            end.record()
+            events.append((begin, end))
+        torch.cuda.synchronize()
+        return [b.elapsed_time(e) for b, e in events]
+    latencies = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        latencies.append((time.perf_counter() - t0) * 1000.0)
+    return latencies
+
+
+def compare(
+    fns: Sequence[Callable[..., Any]],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    device: torch.device | str | None = None,
+    warmup: int | None = None,
+    budget_s: float | None = None,
+    min_rounds: int | None = None,
+) -> Comparison:
+    """Measure `fns` (the first is the baseline) in interleaved rounds on the same inputs; see the module
+    docstring. Every call runs under `torch.no_grad()`."""
+    if not fns:
+        raise ValueError("compare needs at least one function")
+    kwargs = dict(kwargs or {})
+    dev = _resolve_device(device, args, kwargs)
+    cuda = dev.type == "cuda" and torch.cuda.is_available()
+    d_warmup, _iterations, _min_time = settings.for_device(dev)
+    warmup = d_warmup if warmup is None else warmup
+    round_s = settings.cuda_round_s if cuda else settings.cpu_round_s
+    budget_s = (settings.cuda_budget_s if cuda else settings.cpu_budget_s) if budget_s is None else budget_s
+    min_rounds = max(1, settings.min_rounds if min_rounds is None else min_rounds)
+    context = torch.cuda.device(dev) if cuda else contextlib.nullcontext()
+    with torch.no_grad(), context:
+        for fn in fns:
+            _timed_calls(fn, args, kwargs, max(warmup, 0), cuda)
+        # one timed call each (the slowest decides) sets how many calls make a round of about `round_s`
+        slowest_ms = max(_timed_calls(fn, args, kwargs, 1, cuda)[0] for fn in fns)
+        calls = int(min(100, max(1, round_s * 1000.0 / max(slowest_ms, 1e-6))))
+        per_fn: list[list[float]] = [[] for _ in fns]
+        round_medians: list[list[float]] = [[] for _ in fns]
+        start = time.perf_counter()
+        rounds = 0
+        while rounds < settings.max_rounds and (rounds < min_rounds or time.perf_counter() - start < budget_s):
+            order = list(range(len(fns)))
+            shift = rounds % len(fns)
+            for index in order[shift:] + order[:shift]:
+                latencies = _timed_calls(fns[index], args, kwargs, calls, cuda)
+                per_fn[index] += latencies
+                round_medians[index].append(statistics.median(latencies))
+            rounds += 1
+    baseline = round_medians[0]
+    speedups = tuple(
+        statistics.median(b / max(c, 1e-9) for b, c in zip(baseline, medians)) for medians in round_medians
+    )
+    return Comparison(tuple(statistics.median(lat) for lat in per_fn), speedups, rounds, calls)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -5,7 +5,7 @@ import pytest
 from core_fakes import BuildFailsBackend, FakeConfig, GoodBackend, SlowBackend, TinyMLP, _ModuleBackend, record
 
 from aitune_core.backends.backend import BackendState
-from aitune_core.errors import TuningFailedError
+from aitune_core.errors import NotFasterThanEagerError, TuningFailedError
 from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
 
 
@@ -41,6 +41,7 @@ class Tracked(SlowBackend):
 
 
 def _strategy(backends, **kwargs):
+    kwargs.setdefault("budget_s", 0.05)
     return HighestThroughputStrategy(backends, warmup=1, iterations=3, **kwargs)
 
 
@@ -123,6 +124,41 @@ def test_arguments_are_validated():
         HighestThroughputStrategy(max_batch_size=0)
     with pytest.raises(ValueError):
         HighestThroughputStrategy(stop_when_speedup_over=0)
+    with pytest.raises(ValueError, match="min_speedup"):
+        HighestThroughputStrategy(min_speedup=-1)
+    with pytest.raises(ValueError, match="budget_s"):
+        HighestThroughputStrategy(budget_s="1")
     assert HighestThroughputStrategy.measures_speed
     defaults = [b.describe() for b in HighestThroughputStrategy().backends]
     assert defaults == ["TorchInductorBackend()", "TorchEagerBackend()"]
+
+
+def test_min_speedup_keeps_eager_when_no_candidate_wins_by_the_margin(tmp_path):
+    model = SleepyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    Tracked.instances.clear()
+    strategy = _strategy([Tracked(FakeConfig(delay_s=0.0))], profile_at_recorded_shapes=True, min_speedup=1.5)
+    with pytest.raises(NotFasterThanEagerError, match=r"at least 1\.5x faster") as caught:
+        strategy.tune(model, "mlp", spec, data, "cpu", tmp_path)
+    assert isinstance(caught.value, TuningFailedError)
+    assert Tracked.instances[0].state is BackendState.INACTIVE  # the loser was released
+
+    report = _strategy([FastBackend()], profile_at_recorded_shapes=True, min_speedup=1.5).tune_with_report(
+        model, "mlp", spec, data, "cpu", tmp_path
+    )
+    assert isinstance(report.backend, FastBackend) and report.speedup > 1.5
+
+
+def test_min_eager_latency_builds_nothing_for_cheap_modules(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    Tracked.instances.clear()
+    strategy = _strategy([Tracked()], profile_at_recorded_shapes=True, min_eager_latency_us=1e6)
+    with pytest.raises(NotFasterThanEagerError, match="too cheap to be worth a dispatch"):
+        strategy.tune(model, "mlp", spec, data, "cpu", tmp_path)
+    assert Tracked.instances == []  # decided before any build
+
+    report = _strategy([GoodBackend()], profile_at_recorded_shapes=True, min_eager_latency_us=0).tune_with_report(
+        model, "mlp", spec, data, "cpu", tmp_path
+    )
+    assert isinstance(report.backend, GoodBackend)
