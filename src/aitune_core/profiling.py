@@ -16,8 +16,9 @@ caller (or a test) may change:
 
 `compare(fns, args, kwargs)` measures several functions on the same inputs against the first one (the
 baseline, e.g. the eager module) in ALTERNATING rounds: baseline, candidate, baseline, candidate, ... (the
-order inside a round rotates). Each round's median is taken per function and the speedup of a candidate is the
-median over rounds of (baseline round median / candidate round median). On a busy machine (other processes on
+order inside a round rotates). Each round's median is taken per function; `Comparison.speedup(i)` is the
+smaller of the median over rounds of (baseline round median / candidate round median) and the ratio of the
+overall medians. On a busy machine (other processes on
 the same cores, frequency changes) load shifts over seconds; interleaving exposes every function to the same
 load, and medians ignore the calls a preemption hit. The number of calls per round is chosen from a timed
 call so that a round takes about `*_round_s`; rounds run until `*_budget_s` seconds were spent (at least
@@ -191,17 +192,28 @@ def profile(
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-    """Result of `compare`: per function (baseline first) the median latency over every timed call, and the
-    speedup of each over the baseline (median over rounds of the ratio of round medians; 1.0 for the baseline)."""
+    """Result of `compare`, per function (baseline first): the median latency over every timed call and the
+    median of each round (`round_medians_ms[f][r]`)."""
 
     latencies_ms: tuple[float, ...]
-    speedups: tuple[float, ...]
+    round_medians_ms: tuple[tuple[float, ...], ...]
     rounds: int
     calls_per_round: int
 
     @property
     def baseline_ms(self) -> float:
         return self.latencies_ms[0]
+
+    def speedup(self, index: int, extra_ms: float = 0.0) -> float:
+        """Speedup of function `index` over the baseline, conservatively: the smaller of the median per-round
+        ratio (baseline round median / its round median) and the ratio of overall medians. `extra_ms` is added
+        to each of its latencies first (a cost the measured function does not include, e.g. a dispatch)."""
+        baseline = self.round_medians_ms[0]
+        paired = statistics.median(
+            b / max(c + extra_ms, 1e-9) for b, c in zip(baseline, self.round_medians_ms[index])
+        )
+        overall = self.baseline_ms / max(self.latencies_ms[index] + extra_ms, 1e-9)
+        return min(paired, overall)
 
 
 def _timed_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], count: int,
@@ -266,11 +278,9 @@ def compare(
                 per_fn[index] += latencies
                 round_medians[index].append(statistics.median(latencies))
             rounds += 1
-    baseline = round_medians[0]
-    speedups = tuple(
-        statistics.median(b / max(c, 1e-9) for b, c in zip(baseline, medians)) for medians in round_medians
+    return Comparison(
+        tuple(statistics.median(lat) for lat in per_fn), tuple(tuple(m) for m in round_medians), rounds, calls
     )
-    return Comparison(tuple(statistics.median(lat) for lat in per_fn), speedups, rounds, calls)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

@@ -162,3 +162,16 @@ def test_min_eager_latency_builds_nothing_for_cheap_modules(tmp_path):
         model, "mlp", spec, data, "cpu", tmp_path
     )
     assert isinstance(report.backend, GoodBackend)
+
+
+def test_dispatch_overhead_is_charged_to_every_candidate(tmp_path):
+    model = SleepyMLP().eval()  # 2 ms per eager call; FastBackend skips the sleep
+    spec, data = record(model, batch_sizes=(2, 4))
+    strategy = _strategy([FastBackend()], profile_at_recorded_shapes=True, min_speedup=1.05,
+                         dispatch_overhead_us=5000.0)  # a dispatch dearer than the sleep the backend saves
+    with pytest.raises(NotFasterThanEagerError):
+        strategy.tune(model, "mlp", spec, data, "cpu", tmp_path)
+    report = _strategy([FastBackend()], profile_at_recorded_shapes=True, dispatch_overhead_us=100.0).tune_with_report(
+        model, "mlp", spec, data, "cpu", tmp_path
+    )
+    assert report.selected_latency_ms >= 0.1  # the charge is part of the reported latency

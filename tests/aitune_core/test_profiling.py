@@ -97,8 +97,8 @@ def test_compare_interleaves_rounds_and_measures_the_speedup():
         time.sleep(0.001)
 
     result = profiling.compare([slow, fast], device="cpu", warmup=1, budget_s=0.05, min_rounds=4)
-    assert result.rounds >= 4 and result.speedups[0] == 1.0
-    assert 2.0 < result.speedups[1] < 6.0
+    assert result.rounds >= 4 and result.speedup(0) == 1.0
+    assert 2.0 < result.speedup(1) < 6.0 and result.speedup(1, extra_ms=3.0) < 1.5
     assert result.latencies_ms[0] > result.latencies_ms[1] and result.baseline_ms == result.latencies_ms[0]
     timed = order[2 + 2:]  # after the warm-up call and the one sizing call of each
     switches = sum(1 for a, b in itertools.pairwise(timed) if a != b)

@@ -158,6 +158,7 @@ def test_default_strategy_measures_speed_on_the_cpu_too(monkeypatch):
     assert strategy.min_speedup == strategy.stop_when_speedup_over == strategy_defaults.DEFAULT_MIN_SPEEDUP["cpu"]
     assert strategy.min_eager_latency_us == strategy_defaults.DEFAULT_MIN_EAGER_LATENCY_US["cpu"]
     assert 1.03 <= strategy.min_speedup <= 1.05
+    assert strategy.dispatch_overhead_us == strategy_defaults.JIT_DISPATCH_OVERHEAD_US > 0
 
 
 def test_min_speedup_and_min_eager_latency_options(monkeypatch):

@@ -15,8 +15,8 @@ Two ways to profile:
 
 Each candidate is measured against the original module in interleaved rounds (`profiling.compare`: eager,
 candidate, eager, candidate, ..., medians), so a busy machine slows both alike; its speedup is the smaller of
-the median per-round ratio and the ratio of medians, and candidates are ranked by it. `TuneReport.speedup` =
-eager latency / selected latency of the selected candidate's comparison.
+the median per-round ratio and the ratio of medians (`Comparison.speedup`), and candidates are ranked by it.
+`TuneReport.speedup` = eager latency / selected latency of the selected candidate's comparison.
 
 - `min_speedup=x` (the JIT default sets it): when the best candidate is not at least x times faster than eager,
   it is released and `NotFasterThanEagerError` (a `TuningFailedError`) is raised, so the caller keeps eager.
@@ -26,6 +26,8 @@ eager latency / selected latency of the selected candidate's comparison.
   of a tuned call's dispatch alone is tens of microseconds; a tiny Embedding or Linear cannot win it back).
 - `stop_when_speedup_over=x` stops trying further backends once one is x times faster than eager.
 - `budget_s`: seconds one interleaved comparison may take (default `profiling.settings.*_budget_s`).
+- `dispatch_overhead_us`: the caller's cost of routing a call to a backend (JIT: matching the call to a graph),
+  added to every candidate latency, so that a candidate that wins by less than that cost is not chosen.
 
 Profiling calls the module and the backends many times: it is not meant for modules whose forward changes their
 own state (KV caches). The module passed in must be callable without being recorded again (the callers pass the
@@ -73,6 +75,8 @@ class HighestThroughputStrategy(TuneStrategy):
             faster than eager.
         min_eager_latency_us: build nothing for modules whose eager call takes less (microseconds).
         budget_s: time budget of one interleaved eager-vs-candidate comparison (seconds).
+        dispatch_overhead_us: added to each candidate latency before the speedup is computed: the caller's cost
+            of routing a call to a backend, which the candidate's own measurement does not include.
         warmup, iterations: override `profiling.settings` for this strategy's measurements.
     """
 
@@ -91,12 +95,13 @@ class HighestThroughputStrategy(TuneStrategy):
         min_speedup: float | None = None,
         min_eager_latency_us: float | None = None,
         budget_s: float | None = None,
+        dispatch_overhead_us: float | None = None,
         warmup: int | None = None,
         iterations: int | None = None,
     ) -> None:
         super().__init__(backends)
         for label, value in (("min_speedup", min_speedup), ("min_eager_latency_us", min_eager_latency_us),
-                             ("budget_s", budget_s)):
+                             ("budget_s", budget_s), ("dispatch_overhead_us", dispatch_overhead_us)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
                 raise ValueError(f"{label} must be a number >= 0 or None, got {value!r}")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
@@ -112,6 +117,7 @@ class HighestThroughputStrategy(TuneStrategy):
         self.min_speedup = min_speedup
         self.min_eager_latency_us = min_eager_latency_us
         self.budget_s = budget_s
+        self.dispatch_overhead_us = dispatch_overhead_us
         self.warmup = warmup
         self.iterations = iterations
 
@@ -261,18 +267,20 @@ class HighestThroughputStrategy(TuneStrategy):
             comparison = profiling.compare(
                 [module, backend.infer], args, kwargs, device=device, warmup=self.warmup, budget_s=self.budget_s
             )
-            # conservative: both the paired (median of per-round ratios) and the ratio of medians must win
-            speedup = min(comparison.speedups[1], comparison.baseline_ms / max(comparison.latencies_ms[1], 1e-9))
+            extra_ms = (self.dispatch_overhead_us or 0.0) / 1000.0
+            speedup = comparison.speedup(1, extra_ms=extra_ms)
             pending.append((speedup, comparison.baseline_ms))
             _logger.info(
-                "📏 interleaved with eager (%d rounds x %d calls): eager %.3f ms, candidate %.3f ms -> %.2fx",
+                "📏 interleaved with eager (%d rounds x %d calls): eager %.3f ms, candidate %.3f ms "
+                "(+%.3f ms dispatch) -> %.2fx",
                 comparison.rounds,
                 comparison.calls_per_round,
                 comparison.baseline_ms,
                 comparison.latencies_ms[1],
+                extra_ms,
                 speedup,
             )
-            return profiling.Measurement(comparison.latencies_ms[1], batch_size, comparison.rounds)
+            return profiling.Measurement(comparison.latencies_ms[1] + extra_ms, batch_size, comparison.rounds)
 
         candidates: list[CandidateReport] = []
         best: list[Any] = [None, None]  # [backend, report]
