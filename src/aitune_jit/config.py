@@ -32,6 +32,9 @@ when the process starts, e.g. `AITUNE_JIT_MIN_SAMPLES=3`, `AITUNE_JIT_BACKENDS=T
 - `min_eager_latency_us` [None: 50 on the CPU, 20 on CUDA]: the default strategy builds nothing for a module
   whose eager call at the recorded shapes takes less (microseconds): a tiny Embedding, Linear or LayerNorm
   is not worth a tuned call's dispatch. 0 turns the check off.
+- `skip_single_layer` [True]: the default strategy builds nothing for a module that is one torch.nn layer
+  (Linear, Embedding, LayerNorm, Conv2d, ..., or a module whose only submodule is one): a compiler runs the
+  same library kernel for it, so it could only lose by the dispatch; this saves its compile.
 
 `default_backends` and `default_strategy` are defined once, in `aitune_core.backends.defaults` and
 `aitune_core.strategies.defaults`; AOT tuning uses the same ones.
@@ -265,6 +268,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "precision": (_precision, lambda: None, _env_optional),
     "min_speedup": (_min_speedup, lambda: None, _env_optional_float),
     "min_eager_latency_us": (_optional_number, lambda: None, _env_optional_float),
+    "skip_single_layer": (_bool, lambda: True, _env_bool),
 }
 
 
@@ -285,6 +289,7 @@ class JitConfig:
     precision: str | None
     min_speedup: float | None
     min_eager_latency_us: float | None
+    skip_single_layer: bool
 
     def __init__(self, *, read_env: bool = True, **options: Any) -> None:
         self.reset(read_env=read_env)
@@ -361,6 +366,7 @@ class JitConfig:
             precision=self.precision,
             min_speedup=self.min_speedup,
             min_eager_latency_us=self.min_eager_latency_us,
+            skip_single_layer=self.skip_single_layer,
         )
 
     def __repr__(self) -> str:
@@ -375,6 +381,7 @@ def default_strategy(
     *,
     min_speedup: float | None = None,
     min_eager_latency_us: float | None = None,
+    skip_single_layer: bool = True,
 ) -> TuneStrategy:
     """The strategy used when neither `jit_config.strategy` nor `jit_config.backends` is set: the core default
     (`aitune_core.strategies.defaults.default_strategy`, measuring speed on every device), with this module's
@@ -387,6 +394,7 @@ def default_strategy(
         min_speedup=min_speedup,
         min_eager_latency_us=min_eager_latency_us,
         cuda_early_stop=CUDA_EARLY_STOP_SPEEDUP,
+        skip_single_layer=skip_single_layer,
     )
 
 

@@ -2,6 +2,7 @@ import time
 from typing import ClassVar
 
 import pytest
+import torch
 from core_fakes import BuildFailsBackend, FakeConfig, GoodBackend, SlowBackend, TinyMLP, _ModuleBackend, record
 
 from aitune_core.backends.backend import BackendState
@@ -175,3 +176,14 @@ def test_dispatch_overhead_is_charged_to_every_candidate(tmp_path):
         model, "mlp", spec, data, "cpu", tmp_path
     )
     assert report.selected_latency_ms >= 0.1  # the charge is part of the reported latency
+
+
+def test_skip_single_layer_builds_nothing_for_one_torch_layer(tmp_path):
+    layer = torch.nn.Linear(8, 8).eval()
+    spec, data = record(layer, batch_sizes=(2, 4))
+    Tracked.instances.clear()
+    with pytest.raises(NotFasterThanEagerError, match=r"one torch\.nn layer \(Linear\)"):
+        _strategy([Tracked()], skip_single_layer=True).tune(layer, "fc", spec, data, "cpu", tmp_path)
+    assert Tracked.instances == []
+    report = _strategy([GoodBackend()]).tune_with_report(layer, "fc", spec, data, "cpu", tmp_path)
+    assert isinstance(report.backend, GoodBackend)  # off by default in the class

@@ -30,7 +30,7 @@ def test_defaults():
     assert cfg.backends is None
     assert cfg.strategy is None
     assert cfg.precision is None
-    assert cfg.min_speedup is None and cfg.min_eager_latency_us is None
+    assert cfg.min_speedup is None and cfg.min_eager_latency_us is None and cfg.skip_single_layer is True
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,9 @@ def test_min_speedup_and_min_eager_latency_options(monkeypatch):
     jit_config.min_speedup = 1.2
     jit_config.min_eager_latency_us = 0
     strategy = jit_config.resolve_strategy(torch.device("cpu"))
-    assert strategy.min_speedup == 1.2 and strategy.min_eager_latency_us == 0
+    assert strategy.min_speedup == 1.2 and strategy.min_eager_latency_us == 0 and strategy.skip_single_layer
+    jit_config.skip_single_layer = False
+    assert not jit_config.resolve_strategy(torch.device("cpu")).skip_single_layer
     for name, bad in (("min_speedup", 0.9), ("min_speedup", "fast"), ("min_eager_latency_us", -1)):
         with pytest.raises(ConfigError, match=name):
             setattr(jit_config, name, bad)

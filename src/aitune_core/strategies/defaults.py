@@ -9,7 +9,9 @@ AOT tuning without a strategy (`aitune_aot.module`) and JIT tuning without `jit_
   rounds. It keeps eager (raises `NotFasterThanEagerError`) unless a candidate is at least `min_speedup` times
   faster (`DEFAULT_MIN_SPEEDUP` per device type), builds nothing for modules whose eager call takes less than
   `min_eager_latency_us` (`DEFAULT_MIN_EAGER_LATENCY_US`), and stops trying candidates once one qualifies.
-  Every candidate's latency is charged `JIT_DISPATCH_OVERHEAD_US`, the host cost of a tuned call's dispatch.
+  Every candidate's latency is charged `JIT_DISPATCH_OVERHEAD_US`, the host cost of a tuned call's dispatch,
+  and with `skip_single_layer` (default) nothing is built for a module that is one torch.nn layer
+  (`cost_model.single_torch_layer`: a Linear, an Embedding, a LayerNorm, ...).
   With `measure=False` (AOT's default, where the user asked for a module to be tuned): `FirstWinsStrategy`
   over the same backends, the first that builds and validates wins.
 """
@@ -72,6 +74,7 @@ def default_strategy(
     min_speedup: float | None = None,
     min_eager_latency_us: float | None = None,
     cuda_early_stop: float | None = None,
+    skip_single_layer: bool = True,
 ) -> TuneStrategy:
     """The default strategy for `device` (CPU when None); see the module docstring. None for `min_speedup` /
     `min_eager_latency_us` means the device type's default, for `cuda_early_stop` `CUDA_EARLY_STOP_SPEEDUP`."""
@@ -94,4 +97,5 @@ def default_strategy(
             default_min_eager_latency_us(device) if min_eager_latency_us is None else min_eager_latency_us
         ),
         dispatch_overhead_us=JIT_DISPATCH_OVERHEAD_US,
+        skip_single_layer=skip_single_layer,
     )

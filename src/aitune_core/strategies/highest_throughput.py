@@ -26,6 +26,9 @@ the median per-round ratio and the ratio of medians (`Comparison.speedup`), and 
   of a tuned call's dispatch alone is tens of microseconds; a tiny Embedding or Linear cannot win it back).
 - `stop_when_speedup_over=x` stops trying further backends once one is x times faster than eager.
 - `budget_s`: seconds one interleaved comparison may take (default `profiling.settings.*_budget_s`).
+- `skip_single_layer=True`: no backend is built for a module that is one torch.nn layer (a Linear, an Embedding,
+  a LayerNorm, or a module whose only submodule is one; `cost_model.single_torch_layer`): a compiler runs the
+  same library kernel for it, so it can only lose by the dispatch.
 - `dispatch_overhead_us`: the caller's cost of routing a call to a backend (JIT: matching the call to a graph),
   added to every candidate latency, so that a candidate that wins by less than that cost is not chosen.
 
@@ -48,6 +51,7 @@ from aitune_core.backends.backend import Backend
 from aitune_core.errors import NotFasterThanEagerError
 from aitune_core.log import get_logger
 from aitune_core.specs.tree import tree_map
+from aitune_core.strategies.cost_model import single_torch_layer
 from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStrategy
 
 if TYPE_CHECKING:
@@ -77,6 +81,7 @@ class HighestThroughputStrategy(TuneStrategy):
         budget_s: time budget of one interleaved eager-vs-candidate comparison (seconds).
         dispatch_overhead_us: added to each candidate latency before the speedup is computed: the caller's cost
             of routing a call to a backend, which the candidate's own measurement does not include.
+        skip_single_layer: build nothing for a module that is one torch.nn layer (`cost_model`).
         warmup, iterations: override `profiling.settings` for this strategy's measurements.
     """
 
@@ -96,6 +101,7 @@ class HighestThroughputStrategy(TuneStrategy):
         min_eager_latency_us: float | None = None,
         budget_s: float | None = None,
         dispatch_overhead_us: float | None = None,
+        skip_single_layer: bool = False,
         warmup: int | None = None,
         iterations: int | None = None,
     ) -> None:
@@ -118,6 +124,7 @@ class HighestThroughputStrategy(TuneStrategy):
         self.min_eager_latency_us = min_eager_latency_us
         self.budget_s = budget_s
         self.dispatch_overhead_us = dispatch_overhead_us
+        self.skip_single_layer = bool(skip_single_layer)
         self.warmup = warmup
         self.iterations = iterations
 
@@ -238,6 +245,12 @@ class HighestThroughputStrategy(TuneStrategy):
         device: torch.device,
         cache_dir: Path,
     ) -> TuneReport:
+        layer = single_torch_layer(module) if self.skip_single_layer else None
+        if layer is not None:
+            raise NotFasterThanEagerError(
+                f"module `{name}` is one torch.nn layer ({layer}): one library kernel, nothing for a compiler to "
+                "fuse, not worth a dispatch (skip_single_layer); nothing was built"
+            )
         at_recorded = bool(self.profile_at_recorded_shapes) or not graph_spec.has_batch_axis()
         if at_recorded:
             sample = self._representative_sample(graph_spec, data)
