@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass
 class ProfileSettings:
-    """Defaults of `measure`, per device type. Keep the CPU ones small: CPU runs in tests and CI."""
+    """Defaults of `measure` and `compare`, per device type. Keep the CPU ones small: CPU runs in tests and CI
+    (a CPU comparison takes about `cpu_budget_s`, or `min_rounds` rounds of slow functions)."""
 
     cpu_warmup: int = 1
     cpu_iterations: int = 5

@@ -22,8 +22,9 @@ the median per-round ratio and the ratio of medians (`Comparison.speedup`), and 
   it is released and `NotFasterThanEagerError` (a `TuningFailedError`) is raised, so the caller keeps eager.
   Without it the strategy returns the best candidate and the caller decides (`TuneReport.beats_eager()`).
 - `min_eager_latency_us=t`: when one eager call at the profiled shapes takes less than t microseconds, no
-  backend is built: `NotFasterThanEagerError` says the module is too cheap to be worth a dispatch (the cost
-  of a tuned call's dispatch alone is tens of microseconds; a tiny Embedding or Linear cannot win it back).
+  backend is built: `NotFasterThanEagerError` says the module is too cheap to be worth a dispatch (a tuned
+  call's dispatch plus a compiled function's entry cost about ten microseconds or more; a tiny Embedding or
+  Linear cannot win that back).
 - `stop_when_speedup_over=x` stops trying further backends once one is x times faster than eager.
 - `budget_s`: seconds one interleaved comparison may take (default `profiling.settings.*_budget_s`).
 - `skip_single_layer=True`: no backend is built for a module that is one torch.nn layer (a Linear, an Embedding,
