@@ -187,3 +187,19 @@ def test_skip_single_layer_builds_nothing_for_one_torch_layer(tmp_path):
     assert Tracked.instances == []
     report = _strategy([GoodBackend()]).tune_with_report(layer, "fc", spec, data, "cpu", tmp_path)
     assert isinstance(report.backend, GoodBackend)  # off by default in the class
+
+
+def test_skip_reason_is_cheap_and_says_why(tmp_path):
+    layer = torch.nn.Linear(8, 8).eval()
+    spec, data = record(layer, batch_sizes=(2, 4))
+    assert "one torch.nn layer" in _strategy([GoodBackend()], skip_single_layer=True).skip_reason(
+        layer, "fc", spec, data, "cpu"
+    )
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    assert "too cheap" in _strategy([GoodBackend()], min_eager_latency_us=1e6).skip_reason(
+        model, "mlp", spec, data, "cpu"
+    )
+    assert _strategy([GoodBackend()], skip_single_layer=True, min_eager_latency_us=0).skip_reason(
+        model, "mlp", spec, data, "cpu"
+    ) is None

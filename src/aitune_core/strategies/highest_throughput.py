@@ -144,13 +144,39 @@ class HighestThroughputStrategy(TuneStrategy):
             fn, args, kwargs, batch_size=batch_size, device=device, warmup=self.warmup, iterations=self.iterations
         )
 
-    def _check_worth_a_dispatch(self, name: str, eager: profiling.Measurement) -> None:
+    def _too_cheap(self, name: str, eager: profiling.Measurement) -> str | None:
         threshold = self.min_eager_latency_us
         if threshold is not None and eager.latency_ms * 1000.0 < threshold:
-            raise NotFasterThanEagerError(
+            return (
                 f"module `{name}` takes {eager.latency_ms * 1000.0:.1f} us per eager call, below "
-                f"min_eager_latency_us={threshold:g}: too cheap to be worth a dispatch; nothing was built"
+                f"min_eager_latency_us={threshold:g}: too cheap to be worth a dispatch"
             )
+        return None
+
+    def _single_layer(self, module: Any, name: str) -> str | None:
+        layer = single_torch_layer(module) if self.skip_single_layer else None
+        if layer is None:
+            return None
+        return (
+            f"module `{name}` is one torch.nn layer ({layer}): one library kernel, nothing for a compiler to "
+            "fuse, not worth a dispatch (skip_single_layer)"
+        )
+
+    def skip_reason(self, module: torch.nn.Module, name: str, graph_spec: GraphSpec, data: list[Sample],
+                    device: torch.device | str) -> str | None:
+        """Why no backend is worth building for this graph (`skip_single_layer`, `min_eager_latency_us`), or None.
+
+        Cheap (no compile; a few eager calls at a recorded shape when `min_eager_latency_us` is set), so a
+        caller can ask before costlier checks such as a dynamo trace; `tune` applies the same checks itself.
+        """
+        reason = self._single_layer(module, name)
+        if reason is not None or self.min_eager_latency_us is None or not data:
+            return reason
+        device = torch.device(device)
+        sample = self._representative_sample(graph_spec, list(data))
+        args, kwargs = sample.inputs_to(device)
+        batch_size = profiling.sample_batch_size(graph_spec, sample) or 1
+        return self._too_cheap(name, self._profile(module, args, kwargs, batch_size, device))
 
     def _not_faster(self, name: str, graph_spec: GraphSpec, candidates: list[CandidateReport],
                     best: CandidateReport, speedup: float) -> NotFasterThanEagerError:
@@ -246,12 +272,9 @@ class HighestThroughputStrategy(TuneStrategy):
         device: torch.device,
         cache_dir: Path,
     ) -> TuneReport:
-        layer = single_torch_layer(module) if self.skip_single_layer else None
-        if layer is not None:
-            raise NotFasterThanEagerError(
-                f"module `{name}` is one torch.nn layer ({layer}): one library kernel, nothing for a compiler to "
-                "fuse, not worth a dispatch (skip_single_layer); nothing was built"
-            )
+        reason = self._single_layer(module, name)
+        if reason is not None:
+            raise NotFasterThanEagerError(f"{reason}; nothing was built")
         at_recorded = bool(self.profile_at_recorded_shapes) or not graph_spec.has_batch_axis()
         if at_recorded:
             sample = self._representative_sample(graph_spec, data)
@@ -271,7 +294,9 @@ class HighestThroughputStrategy(TuneStrategy):
                 eager.batch_size,
                 eager.latency_ms,
             )
-            self._check_worth_a_dispatch(name, eager)
+            reason = self._too_cheap(name, eager)
+            if reason is not None:
+                raise NotFasterThanEagerError(f"{reason}; nothing was built")
 
         speedups: dict[int, float] = {}  # id(CandidateReport) -> speedup over eager, measured interleaved
         baselines: dict[int, float] = {}  # id(CandidateReport) -> eager median of the same comparison
