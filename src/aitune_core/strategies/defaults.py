@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 CUDA_EARLY_STOP_SPEEDUP = 1.02
 
 #: Margin by which a candidate must beat eager (interleaved medians) to be used, per device type. The CPU
-#: margin is wider: a CI-sized CPU is often shared, and a 5 % figure stays above the run-to-run spread of
-#: interleaved medians there, so a tie never turns into a tuned module that is slower in the next minute.
+#: margin is wider: a CI-sized CPU is often shared. Two identical functions compared on a busy 2-core machine
+#: (a second process spinning) came out between 0.984x and 1.006x in 16 comparisons; 5 % stays well above that
+#: spread, so a tie never turns into a tuned module that is slower in the next minute.
 DEFAULT_MIN_SPEEDUP = {"cuda": CUDA_EARLY_STOP_SPEEDUP, "cpu": 1.05}
 
 #: Eager calls cheaper than this (microseconds, at the recorded shapes) are not worth a dispatch: a tuned
