@@ -8,8 +8,11 @@ so two runs (with and without JIT tuning) can be compared.
 """
 
 import argparse
+import itertools
 import statistics
+import sys
 import time
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -66,8 +69,29 @@ def build_model() -> ResNet:
     return model.eval()
 
 
-def serve(model: nn.Module, out: str, requests: int = 100, batch: int = 4, device: str = "cpu") -> None:
-    """Answer the day's requests: a few at batch sizes 2 and 8, then `requests` measured ones at `batch`."""
+def _lockstep_chunks(requests: int) -> Iterator[int]:
+    """Chunk sizes a driver asks for on stdin: `GO <n>` serves the next n requests and answers `DONE`."""
+    print("READY", flush=True)
+    left = requests
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] != "GO":
+            break
+        size = min(int(words[1]), left) if len(words) > 1 else left
+        yield size
+        left -= size
+        print("DONE", flush=True)
+        if left <= 0:
+            break
+
+
+def serve(model: nn.Module, out: str, requests: int = 100, batch: int = 4, device: str = "cpu",
+          lockstep: bool = False) -> None:
+    """Answer the day's requests: a few at batch sizes 2 and 8, then `requests` measured ones at `batch`.
+
+    With `lockstep`, the measured requests are served in chunks a driver asks for on stdin (`GO <n>`, answered
+    by `DONE` on stdout), so that a driver can alternate two processes and both see the same machine load.
+    """
     device_ = torch.device(device)
     generator = torch.Generator().manual_seed(1)
     image = lambda size: torch.randn(size, 3, 64, 64, generator=generator).to(device_)  # noqa: E731
@@ -80,12 +104,16 @@ def serve(model: nn.Module, out: str, requests: int = 100, batch: int = 4, devic
         for x in measured[:5]:  # warm caches
             model(x)
         latencies, outputs = [], []
-        for x in measured:
-            sync()
-            start = time.perf_counter()
-            outputs.append(model(x))
-            sync()
-            latencies.append((time.perf_counter() - start) * 1000.0)
+        chunks = _lockstep_chunks(requests) if lockstep else [requests]
+        pending = iter(measured)
+        for size in chunks:
+            for x in itertools.islice(pending, size):
+                sync()
+                start = time.perf_counter()
+                outputs.append(model(x))
+                sync()
+                latencies.append((time.perf_counter() - start) * 1000.0)
+    measured = measured[: len(outputs)]
     torch.save(
         {
             "inputs": [x.cpu() for x in measured],
@@ -95,8 +123,8 @@ def serve(model: nn.Module, out: str, requests: int = 100, batch: int = 4, devic
         },
         out,
     )
-    median = statistics.median(latencies)
-    print(f"served {len(measured)} requests at batch {batch}: median latency {median:.2f} ms")
+    median = statistics.median(latencies) if latencies else float("nan")
+    print(f"served {len(outputs)} requests at batch {batch}: median latency {median:.2f} ms", flush=True)
 
 
 def main() -> None:
@@ -105,9 +133,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100, help="measured requests")
     parser.add_argument("--batch", type=int, default=4, help="batch size of the measured requests")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="serve the measured requests in chunks asked for on stdin (`GO <n>` -> `DONE`)")
     options = parser.parse_args()
     model = build_model().to(options.device)
-    serve(model, options.out, options.requests, options.batch, options.device)
+    serve(model, options.out, options.requests, options.batch, options.device, options.lockstep)
 
 
 if __name__ == "__main__":

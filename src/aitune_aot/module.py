@@ -63,20 +63,20 @@ StrategyMap = Mapping[str, "TuneStrategy"]
 _WRAPPER_ATTR = "__aitune_module__"
 
 
-def _first_wins_inductor() -> TuneStrategy:
-    from aitune_core.backends.torch_inductor import TorchInductorBackend
-    from aitune_core.strategies.first_wins import FirstWinsStrategy
+def _first_wins_default_backends() -> TuneStrategy:
+    from aitune_core.strategies.defaults import default_strategy as core_default_strategy
 
-    return FirstWinsStrategy([TorchInductorBackend()])
+    return core_default_strategy(measure=False)
 
 
 #: Factory of the strategy used when neither the module nor `tune()` names one. Replace it to change the
 #: default for the whole process (e.g. `aitune_aot.module.default_strategy_factory = lambda: ...`).
-default_strategy_factory: Callable[[], TuneStrategy] = _first_wins_inductor
+default_strategy_factory: Callable[[], TuneStrategy] = _first_wins_default_backends
 
 
 def default_strategy() -> TuneStrategy:
-    """A fresh default strategy: FirstWinsStrategy([TorchInductorBackend()]) unless the factory was replaced."""
+    """A fresh default strategy unless the factory was replaced: `aitune_core.strategies.defaults.default_strategy(
+    measure=False)`, i.e. FirstWinsStrategy over `default_backends()` (Inductor; TensorRT first when importable)."""
     return default_strategy_factory()
 
 

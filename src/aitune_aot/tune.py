@@ -90,7 +90,7 @@ def tune(
         batch_sizes: batch sizes to record.
         max_num_batches_per_batch_size: cap on calls per batch size (default: the whole dataset).
         device: device to tune on (default: each module's device).
-        strategy: strategy for modules that were not given one (default: FirstWinsStrategy([TorchInductorBackend()])).
+        strategy: strategy for modules that were not given one (default: `aitune_aot.module.default_strategy()`).
         dry_run: record and log what would be tuned, without building anything; modules end in passthrough.
     """
     if not callable(func):

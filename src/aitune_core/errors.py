@@ -36,6 +36,11 @@ class TuningFailedError(AITuneError, RuntimeError):
     """No candidate backend could be built and validated."""
 
 
+class NotFasterThanEagerError(TuningFailedError):
+    """No candidate beats the original module by the strategy's margin, or the module is too cheap to be worth
+    a dispatch: the caller keeps the original module (a normal outcome, not a fault)."""
+
+
 class CheckpointError(AITuneError, ValueError):
     """A checkpoint is corrupt, does not match the model, or fails its checksums."""
 

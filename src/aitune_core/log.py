@@ -4,12 +4,23 @@ Library code never prints. It logs through `get_logger(area)` (a child of the `a
 uses `SEPARATOR` / `THIN_SEPARATOR` for the thick and thin rules between tuning steps, `timed(...)`
 for the "⏱️ ... completed in 1.90min" lines, and `render_to_str(...)` to turn rich renderables
 (spec tables) into plain text that can go into a log record.
+
+`install_stderr_warnings()` is for entry points that switch aitune on in a script that knows nothing about it
+(the JIT's environment variable, import line, decorator and launcher): a library must not configure logging,
+so the `aitune` logger only has a `NullHandler`, and its WARNINGs (a backend that failed, a module kept eager)
+would vanish. The function adds one stderr handler at WARNING to the `aitune` logger, unless the application
+configured logging (the root logger or the `aitune` logger has a handler); the handler also stays silent from
+the moment the application configures logging later, so no record is shown twice. It shows each cause once:
+records with the same `aitune_cause` attribute (`logger.warning(..., extra={"aitune_cause": key})`), or else
+the same logger and message, are shown the first time only.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +31,10 @@ ROOT_LOGGER_NAME = "aitune"
 SEPARATOR = "═" * 64
 THIN_SEPARATOR = "-" * 60
 RENDER_WIDTH = 160
+
+STDERR_FORMAT = "[aitune] %(levelname)s: %(message)s"
+#: distinct causes remembered by the stderr handler; beyond that, repeats may show again
+MAX_CAUSES = 10_000
 
 # A library must not configure logging, but must not emit "No handlers could be found" either.
 logging.getLogger(ROOT_LOGGER_NAME).addHandler(logging.NullHandler())
@@ -97,3 +112,66 @@ def render_to_str(renderable: Any, *, width: int = RENDER_WIDTH) -> str:
     )
     console.print(renderable)
     return buffer.getvalue().rstrip("\n")
+
+
+# ------------------------------------------------------------------------------------------------ stderr
+def _application_configured(own: logging.Handler | None = None) -> bool:
+    """True when the root logger, or the `aitune` logger, has a handler other than aitune's own ones."""
+    if logging.getLogger().handlers:
+        return True
+    return any(
+        handler is not own and not isinstance(handler, logging.NullHandler | StderrWarningHandler)
+        for handler in logging.getLogger(ROOT_LOGGER_NAME).handlers
+    )
+
+
+class StderrWarningHandler(logging.StreamHandler):
+    """WARNINGs of the `aitune` logger on the current `sys.stderr`, once per cause; see the module docstring."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setLevel(logging.WARNING)
+        self.setFormatter(logging.Formatter(STDERR_FORMAT))
+        self._seen: set[Any] = set()
+        self._seen_lock = threading.Lock()
+
+    def _first_time(self, record: logging.LogRecord) -> bool:
+        key = getattr(record, "aitune_cause", None)
+        if key is None:
+            key = (record.name, record.levelno, record.getMessage())
+        with self._seen_lock:
+            if key in self._seen:
+                return False
+            if len(self._seen) < MAX_CAUSES:
+                self._seen.add(key)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _application_configured(self) or not self._first_time(record):
+            return
+        self.stream = sys.stderr  # the stream of the moment (tests and tools replace sys.stderr)
+        super().emit(record)
+
+
+def install_stderr_warnings() -> StderrWarningHandler | None:
+    """Show the `aitune` logger's WARNINGs on stderr in a script that did not configure logging (idempotent).
+
+    Returns the handler (the one already installed, if any), or None when the application configured logging.
+    """
+    logger = logging.getLogger(ROOT_LOGGER_NAME)
+    for handler in logger.handlers:
+        if isinstance(handler, StderrWarningHandler):
+            return handler
+    if _application_configured():
+        return None
+    handler = StderrWarningHandler()
+    logger.addHandler(handler)
+    return handler
+
+
+def remove_stderr_warnings() -> None:
+    """Remove the handler `install_stderr_warnings` added (tests, and applications that want it gone)."""
+    logger = logging.getLogger(ROOT_LOGGER_NAME)
+    for handler in list(logger.handlers):
+        if isinstance(handler, StderrWarningHandler):
+            logger.removeHandler(handler)

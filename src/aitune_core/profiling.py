@@ -14,6 +14,16 @@ caller (or a test) may change:
     from aitune_core import profiling
     profiling.settings.cpu_iterations = 3
 
+`compare(fns, args, kwargs)` measures several functions on the same inputs against the first one (the
+baseline, e.g. the eager module) in ALTERNATING rounds: baseline, candidate, baseline, candidate, ... (the
+order inside a round rotates). Each round's median is taken per function; `Comparison.speedup(i)` is the
+smaller of the median over rounds of (baseline round median / candidate round median) and the ratio of the
+overall medians. On a busy machine (other processes on
+the same cores, frequency changes) load shifts over seconds; interleaving exposes every function to the same
+load, and medians ignore the calls a preemption hit. The number of calls per round is chosen from a timed
+call so that a round takes about `*_round_s`; rounds run until `*_budget_s` seconds were spent (at least
+`min_rounds`, at most `max_rounds`), so a measurement is stable without taking unbounded time.
+
 `make_batch(sample, graph_spec, batch_size)` makes the inputs of a call with another batch size from one
 recorded sample by repeating it along the batch axes of the GraphSpec (indices `arange(new) % old`), which is how
 `HighestThroughputStrategy` profiles at batch sizes that were never recorded. Only shapes matter for profiling;
@@ -22,6 +32,7 @@ the values are the recorded ones, repeated.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -37,7 +48,8 @@ if TYPE_CHECKING:
 
 @dataclasses.dataclass
 class ProfileSettings:
-    """Defaults of `measure`, per device type. Keep the CPU ones small: CPU runs in tests and CI."""
+    """Defaults of `measure` and `compare`, per device type. Keep the CPU ones small: CPU runs in tests and CI
+    (a CPU comparison takes about `cpu_budget_s`, or `min_rounds` rounds of slow functions)."""
 
     cpu_warmup: int = 1
     cpu_iterations: int = 5
@@ -46,6 +58,13 @@ class ProfileSettings:
     cuda_iterations: int = 30
     cuda_min_time_s: float = 0.2
     max_iterations: int = 1000
+    #: `compare`: target duration of one function's share of a round, and the time budget of one comparison
+    cpu_round_s: float = 0.02
+    cpu_budget_s: float = 1.0
+    cuda_round_s: float = 0.01
+    cuda_budget_s: float = 0.5
+    min_rounds: int = 5
+    max_rounds: int = 200
 
     def for_device(self, device: torch.device) -> tuple[int, int, float]:
         if device.type == "cuda":
@@ -170,6 +189,99 @@ def profile(
         fn, args, kwargs, device=device, warmup=warmup, iterations=iterations, min_time_s=min_time_s
     )
     return Measurement(statistics.median(latencies), batch_size, len(latencies))
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Result of `compare`, per function (baseline first): the median latency over every timed call and the
+    median of each round (`round_medians_ms[f][r]`)."""
+
+    latencies_ms: tuple[float, ...]
+    round_medians_ms: tuple[tuple[float, ...], ...]
+    rounds: int
+    calls_per_round: int
+
+    @property
+    def baseline_ms(self) -> float:
+        return self.latencies_ms[0]
+
+    def speedup(self, index: int, extra_ms: float = 0.0) -> float:
+        """Speedup of function `index` over the baseline, conservatively: the smaller of the median per-round
+        ratio (baseline round median / its round median) and the ratio of overall medians. `extra_ms` is added
+        to each of its latencies first (a cost the measured function does not include, e.g. a dispatch)."""
+        baseline = self.round_medians_ms[0]
+        paired = statistics.median(
+            b / max(c + extra_ms, 1e-9) for b, c in zip(baseline, self.round_medians_ms[index])
+        )
+        overall = self.baseline_ms / max(self.latencies_ms[index] + extra_ms, 1e-9)
+        return min(paired, overall)
+
+
+def _timed_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], count: int,
+                 cuda: bool) -> list[float]:
+    """Latencies (ms) of `count` calls; on CUDA bracketed by events and synchronized once at the end."""
+    if cuda:
+        events = []
+        for _ in range(count):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            fn(*args, **kwargs)
+            end.record()
+            events.append((begin, end))
+        torch.cuda.synchronize()
+        return [b.elapsed_time(e) for b, e in events]
+    latencies = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        latencies.append((time.perf_counter() - t0) * 1000.0)
+    return latencies
+
+
+def compare(
+    fns: Sequence[Callable[..., Any]],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    device: torch.device | str | None = None,
+    warmup: int | None = None,
+    budget_s: float | None = None,
+    min_rounds: int | None = None,
+) -> Comparison:
+    """Measure `fns` (the first is the baseline) in interleaved rounds on the same inputs; see the module
+    docstring. Every call runs under `torch.no_grad()`."""
+    if not fns:
+        raise ValueError("compare needs at least one function")
+    kwargs = dict(kwargs or {})
+    dev = _resolve_device(device, args, kwargs)
+    cuda = dev.type == "cuda" and torch.cuda.is_available()
+    d_warmup, _iterations, _min_time = settings.for_device(dev)
+    warmup = d_warmup if warmup is None else warmup
+    round_s = settings.cuda_round_s if cuda else settings.cpu_round_s
+    budget_s = (settings.cuda_budget_s if cuda else settings.cpu_budget_s) if budget_s is None else budget_s
+    min_rounds = max(1, settings.min_rounds if min_rounds is None else min_rounds)
+    context = torch.cuda.device(dev) if cuda else contextlib.nullcontext()
+    with torch.no_grad(), context:
+        for fn in fns:
+            _timed_calls(fn, args, kwargs, max(warmup, 0), cuda)
+        # one timed call each (the slowest decides) sets how many calls make a round of about `round_s`
+        slowest_ms = max(_timed_calls(fn, args, kwargs, 1, cuda)[0] for fn in fns)
+        calls = int(min(100, max(1, round_s * 1000.0 / max(slowest_ms, 1e-6))))
+        per_fn: list[list[float]] = [[] for _ in fns]
+        round_medians: list[list[float]] = [[] for _ in fns]
+        start = time.perf_counter()
+        rounds = 0
+        while rounds < settings.max_rounds and (rounds < min_rounds or time.perf_counter() - start < budget_s):
+            order = list(range(len(fns)))
+            shift = rounds % len(fns)
+            for index in order[shift:] + order[:shift]:
+                latencies = _timed_calls(fns[index], args, kwargs, calls, cuda)
+                per_fn[index] += latencies
+                round_medians[index].append(statistics.median(latencies))
+            rounds += 1
+    return Comparison(
+        tuple(statistics.median(lat) for lat in per_fn), tuple(tuple(m) for m in round_medians), rounds, calls
+    )
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

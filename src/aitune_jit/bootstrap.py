@@ -16,8 +16,12 @@ _logger = logging.getLogger("aitune.jit")
 
 
 def enable_on_torch_import(module: ModuleType | None = None) -> None:
-    """Post-import hook for `torch`; never raises (a failure is logged and the program runs untuned)."""
+    """Post-import hook for `torch`; never raises (a failure is logged and the program runs untuned).
+    A failure is visible: the stderr handler for aitune's WARNINGs is installed first."""
     try:
+        from aitune_core.log import install_stderr_warnings
+
+        install_stderr_warnings()  # before `aitune_jit` reads its AITUNE_JIT_* variables, which may warn
         from aitune_jit.switch import enable
 
         enable()

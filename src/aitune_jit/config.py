@@ -17,18 +17,31 @@ when the process starts, e.g. `AITUNE_JIT_MIN_SAMPLES=3`, `AITUNE_JIT_BACKENDS=T
 - `skip_modules` [[]]: class names that are never tuned (SKIPPED; their children may still be tuned).
 - `device` [None]: device to tune on; None means the device of the module's parameters (CPU without any).
 - `dry_run` [False]: log what would be tuned (graph-break checks included) and change nothing.
-- `backends` [None]: list of `Backend` candidates; None means `default_backends(device)`.
+- `backends` [None]: list of `Backend` candidates; None means `default_backends(device)` (TensorRT when
+  importable, Inductor with CUDA graphs on CUDA, Inductor).
 - `strategy` [None]: a `TuneStrategy`; None means `FirstWinsStrategy(backends)` when `backends` is set,
-  else `default_strategy(device)`.
+  else `default_strategy(device)`: `HighestThroughputStrategy` over `default_backends(device)`, measuring
+  each candidate against eager at the recorded shapes in interleaved rounds (medians), on every device.
 - `cache_dir` [`$AITUNE_JIT_CACHE_DIR`, else `<aitune cache>/jit`]: where backends put artifacts. JIT mode
   does not reuse them across runs.
 - `precision` [None]: None, "bf16" or "fp16"; adds autocast Inductor candidates to the default backends,
   validated with the tolerance of that dtype (opt-in: it changes numerics within that tolerance).
+- `min_speedup` [None: 1.05 on the CPU, 1.02 on CUDA]: the default strategy keeps a module eager unless a
+  candidate is at least this many times faster than eager (interleaved medians at the recorded shapes), and
+  stops trying candidates once one is. Must be >= 1.
+- `min_eager_latency_us` [None: 50 on the CPU, 20 on CUDA]: the default strategy builds nothing for a module
+  whose eager call at the recorded shapes takes less (microseconds): a tiny Embedding, Linear or LayerNorm
+  is not worth a tuned call's dispatch. 0 turns the check off.
+- `skip_single_layer` [True]: the default strategy builds nothing for a module that is one torch.nn layer
+  (Linear, Embedding, LayerNorm, Conv2d, ..., or a module whose only submodule is one): a compiler runs the
+  same library kernel for it, so it could only lose by the dispatch; this saves its compile.
+
+`default_backends` and `default_strategy` are defined once, in `aitune_core.backends.defaults` and
+`aitune_core.strategies.defaults`; AOT tuning uses the same ones.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -39,7 +52,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.backends.backend import Backend, BackendState
+from aitune_core.backends.defaults import PRECISION_DTYPES, default_backends, tensorrt_available
 from aitune_core.errors import ConfigError
+from aitune_core.strategies.defaults import CUDA_EARLY_STOP_SPEEDUP
 
 if TYPE_CHECKING:
     from aitune_core.strategies.strategy import TuneStrategy
@@ -48,8 +63,18 @@ _logger = logging.getLogger("aitune.jit")
 
 CACHE_DIR_ENV = "AITUNE_JIT_CACHE_DIR"
 ENV_PREFIX = "AITUNE_JIT_"
-PRECISIONS = ("bf16", "fp16")
-PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = tuple(PRECISION_DTYPES)
+
+__all__ = [
+    "CUDA_EARLY_STOP_SPEEDUP",
+    "JitConfig",
+    "default_backends",
+    "default_cache_dir",
+    "default_strategy",
+    "jit_config",
+    "tensorrt_available",
+    "validate_device",
+]
 
 
 # ----------------------------------------------------------------------------------------------- validators
@@ -63,6 +88,20 @@ def _non_negative_int(name: str, value: Any, minimum: int = 0) -> int:
 
 def _min_samples(name: str, value: Any) -> int:
     return _non_negative_int(name, value, minimum=1)
+
+
+def _optional_number(name: str, value: Any, minimum: float = 0.0) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"jit_config.{name} must be a number or None, got {value!r} of type {type(value).__name__}")
+    if value < minimum:
+        raise ConfigError(f"jit_config.{name} must be >= {minimum:g}, got {value}")
+    return float(value)
+
+
+def _min_speedup(name: str, value: Any) -> float | None:
+    return _optional_number(name, value, minimum=1.0)
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -184,6 +223,15 @@ def _env_int(text: str) -> int:
         raise ConfigError(f"expected an integer, got {text!r}") from exc
 
 
+def _env_optional_float(text: str) -> float | None:
+    if text.strip().lower() in ("", "none"):
+        return None
+    try:
+        return float(text.strip())
+    except ValueError as exc:
+        raise ConfigError(f"expected a number, got {text!r}") from exc
+
+
 def _env_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
@@ -218,6 +266,9 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "strategy": (_strategy, lambda: None, None),
     "cache_dir": (_path, default_cache_dir, str),
     "precision": (_precision, lambda: None, _env_optional),
+    "min_speedup": (_min_speedup, lambda: None, _env_optional_float),
+    "min_eager_latency_us": (_optional_number, lambda: None, _env_optional_float),
+    "skip_single_layer": (_bool, lambda: True, _env_bool),
 }
 
 
@@ -236,6 +287,9 @@ class JitConfig:
     strategy: TuneStrategy | None
     cache_dir: Path
     precision: str | None
+    min_speedup: float | None
+    min_eager_latency_us: float | None
+    skip_single_layer: bool
 
     def __init__(self, *, read_env: bool = True, **options: Any) -> None:
         self.reset(read_env=read_env)
@@ -307,7 +361,13 @@ class JitConfig:
             from aitune_core.strategies.first_wins import FirstWinsStrategy
 
             return FirstWinsStrategy([backend.blueprint_copy() for backend in self.backends])
-        return default_strategy(device, precision=self.precision)
+        return default_strategy(
+            device,
+            precision=self.precision,
+            min_speedup=self.min_speedup,
+            min_eager_latency_us=self.min_eager_latency_us,
+            skip_single_layer=self.skip_single_layer,
+        )
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
@@ -315,73 +375,27 @@ class JitConfig:
 
 
 # ----------------------------------------------------------------------------------------------- defaults
-def tensorrt_available() -> bool:
-    """True when the `tensorrt` package can be imported (checked without importing it)."""
-    try:
-        return importlib.util.find_spec("tensorrt") is not None
-    except (ImportError, ValueError):
-        return False
+def default_strategy(
+    device: torch.device | str | None = None,
+    precision: str | None = None,
+    *,
+    min_speedup: float | None = None,
+    min_eager_latency_us: float | None = None,
+    skip_single_layer: bool = True,
+) -> TuneStrategy:
+    """The strategy used when neither `jit_config.strategy` nor `jit_config.backends` is set: the core default
+    (`aitune_core.strategies.defaults.default_strategy`, measuring speed on every device), with this module's
+    `CUDA_EARLY_STOP_SPEEDUP` (re-exported here so that benchmarks can change it for the JIT)."""
+    from aitune_core.strategies.defaults import default_strategy as core_default_strategy
 
-
-#: On CUDA the default strategy stops trying candidates once one is this many times faster than eager at the
-#: recorded shapes: each further Inductor compile costs seconds of time-to-tuned while stalling the caller.
-#: Barely above 1 because the first fp32 candidate, Inductor with CUDA graphs, is the default-mode compile plus
-#: graph replay: once it beats eager, the default mode has nothing left to win (docs/benchmarks.md has the
-#: measurements). The 2 % margin keeps a tie with eager (within profiling noise) from counting as a win.
-CUDA_EARLY_STOP_SPEEDUP = 1.02
-
-
-def default_backends(device: torch.device | str | None = None, precision: str | None = None) -> list[Backend]:
-    """The candidates used when `jit_config.backends` is None, in the order they are tried.
-
-    - TensorRT first when the `tensorrt` package is importable (it is the fastest where it works);
-    - with `precision` ("bf16"/"fp16", opt-in), Inductor under autocast to that dtype (validated with that
-      dtype's tolerance), on CUDA its CUDA-graph variant first: the user asked for lower precision;
-    - on CUDA, Inductor `mode="reduce-overhead"` (CUDA graphs) before the default mode: CUDA graphs remove the
-      launch overhead that dominates small batches and cost little at large ones (docs/benchmarks.md), so they
-      are the likely winner and the early stop (`CUDA_EARLY_STOP_SPEEDUP`) usually saves the second compile;
-    - Torch Inductor (default mode).
-    """
-    from aitune_core.backends.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
-
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    modes: list[str | None] = ["reduce-overhead", None] if device.type == "cuda" else [None]
-    backends: list[Backend] = []
-    if tensorrt_available():
-        from aitune_core.backends.tensorrt import TensorRTBackend
-
-        backends.append(TensorRTBackend())
-    if precision is not None:
-        dtype = PRECISION_DTYPES[_precision("precision", precision)]
-        backends += [
-            TorchInductorBackend(TorchInductorBackendConfig(mode=mode, autocast_enabled=True, autocast_dtype=dtype))
-            for mode in modes
-        ]
-    backends += [TorchInductorBackend(TorchInductorBackendConfig(mode=mode)) for mode in modes]
-    return backends
-
-
-def default_strategy(device: torch.device | str | None = None, precision: str | None = None) -> TuneStrategy:
-    """The strategy used when neither `jit_config.strategy` nor `jit_config.backends` is set.
-
-    - CUDA: `HighestThroughputStrategy` over `default_backends(device, precision)`, profiled at the shapes
-      that were recorded (JIT cannot extrapolate batch sizes). It measures eager too, so a module that no
-      backend makes faster stays eager; it stops early once a candidate is `CUDA_EARLY_STOP_SPEEDUP` times
-      faster than eager, to bound time-to-tuned.
-    - CPU (and other devices): `FirstWinsStrategy` over the same list: the first candidate that builds
-      and validates wins, which keeps tuning time short where Inductor compiles are slow.
-    """
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    backends = default_backends(device, precision)
-    if device.type == "cuda":
-        from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
-
-        return HighestThroughputStrategy(
-            backends, profile_at_recorded_shapes=True, stop_when_speedup_over=CUDA_EARLY_STOP_SPEEDUP
-        )
-    from aitune_core.strategies.first_wins import FirstWinsStrategy
-
-    return FirstWinsStrategy(backends)
+    return core_default_strategy(
+        device,
+        precision,
+        min_speedup=min_speedup,
+        min_eager_latency_us=min_eager_latency_us,
+        cuda_early_stop=CUDA_EARLY_STOP_SPEEDUP,
+        skip_single_layer=skip_single_layer,
+    )
 
 
 jit_config = JitConfig()

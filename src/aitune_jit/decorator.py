@@ -18,15 +18,18 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from aitune_core.log import install_stderr_warnings
 from aitune_jit import hook
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class prepare_for_jit_tuning(contextlib.ContextDecorator):
-    """Context manager (and decorator): modules this thread constructs inside it become JIT candidates."""
+    """Context manager (and decorator): modules this thread constructs inside it become JIT candidates.
+    aitune's WARNINGs go to stderr unless the application configured logging (`install_stderr_warnings`)."""
 
     def __enter__(self) -> prepare_for_jit_tuning:
+        install_stderr_warnings()
         hook.open_scope()
         return self
 

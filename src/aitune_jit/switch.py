@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+from aitune_core.log import install_stderr_warnings, remove_stderr_warnings
 from aitune_jit import hook
 
 
 def enable() -> None:
     """Patch `torch.nn.Module.__call__` and tune every module outside torch internals and containers,
-    including modules constructed before this call."""
+    including modules constructed before this call. aitune's WARNINGs go to stderr unless the application
+    configured logging (`aitune_core.log.install_stderr_warnings`)."""
+    install_stderr_warnings()
     hook.install()
     hook.set_global_mode(True)
 
 
 def disable() -> None:
     """Restore `torch.nn.Module.__call__` (identity) and give every module back as it was: forward wrappers
-    and per-module state are removed, tuned modules run their original forward again."""
+    and per-module state are removed, tuned modules run their original forward again; the stderr handler of
+    `enable` is removed."""
     hook.uninstall()
+    remove_stderr_warnings()
 
 
 def is_enabled() -> bool:

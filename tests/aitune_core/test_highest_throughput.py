@@ -2,10 +2,11 @@ import time
 from typing import ClassVar
 
 import pytest
+import torch
 from core_fakes import BuildFailsBackend, FakeConfig, GoodBackend, SlowBackend, TinyMLP, _ModuleBackend, record
 
 from aitune_core.backends.backend import BackendState
-from aitune_core.errors import TuningFailedError
+from aitune_core.errors import NotFasterThanEagerError, TuningFailedError
 from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
 
 
@@ -41,6 +42,7 @@ class Tracked(SlowBackend):
 
 
 def _strategy(backends, **kwargs):
+    kwargs.setdefault("budget_s", 0.05)
     return HighestThroughputStrategy(backends, warmup=1, iterations=3, **kwargs)
 
 
@@ -123,6 +125,81 @@ def test_arguments_are_validated():
         HighestThroughputStrategy(max_batch_size=0)
     with pytest.raises(ValueError):
         HighestThroughputStrategy(stop_when_speedup_over=0)
+    with pytest.raises(ValueError, match="min_speedup"):
+        HighestThroughputStrategy(min_speedup=-1)
+    with pytest.raises(ValueError, match="budget_s"):
+        HighestThroughputStrategy(budget_s="1")
     assert HighestThroughputStrategy.measures_speed
     defaults = [b.describe() for b in HighestThroughputStrategy().backends]
     assert defaults == ["TorchInductorBackend()", "TorchEagerBackend()"]
+
+
+def test_min_speedup_keeps_eager_when_no_candidate_wins_by_the_margin(tmp_path):
+    model = SleepyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    Tracked.instances.clear()
+    strategy = _strategy([Tracked(FakeConfig(delay_s=0.0))], profile_at_recorded_shapes=True, min_speedup=1.5)
+    with pytest.raises(NotFasterThanEagerError, match=r"at least 1\.5x faster") as caught:
+        strategy.tune(model, "mlp", spec, data, "cpu", tmp_path)
+    assert isinstance(caught.value, TuningFailedError)
+    assert Tracked.instances[0].state is BackendState.INACTIVE  # the loser was released
+
+    report = _strategy([FastBackend()], profile_at_recorded_shapes=True, min_speedup=1.5).tune_with_report(
+        model, "mlp", spec, data, "cpu", tmp_path
+    )
+    assert isinstance(report.backend, FastBackend) and report.speedup > 1.5
+
+
+def test_min_eager_latency_builds_nothing_for_cheap_modules(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    Tracked.instances.clear()
+    strategy = _strategy([Tracked()], profile_at_recorded_shapes=True, min_eager_latency_us=1e6)
+    with pytest.raises(NotFasterThanEagerError, match="too cheap to be worth a dispatch"):
+        strategy.tune(model, "mlp", spec, data, "cpu", tmp_path)
+    assert Tracked.instances == []  # decided before any build
+
+    report = _strategy([GoodBackend()], profile_at_recorded_shapes=True, min_eager_latency_us=0).tune_with_report(
+        model, "mlp", spec, data, "cpu", tmp_path
+    )
+    assert isinstance(report.backend, GoodBackend)
+
+
+def test_dispatch_overhead_is_charged_to_every_candidate(tmp_path):
+    model = SleepyMLP().eval()  # 2 ms per eager call; FastBackend skips the sleep
+    spec, data = record(model, batch_sizes=(2, 4))
+    strategy = _strategy([FastBackend()], profile_at_recorded_shapes=True, min_speedup=1.05,
+                         dispatch_overhead_us=5000.0)  # a dispatch dearer than the sleep the backend saves
+    with pytest.raises(NotFasterThanEagerError):
+        strategy.tune(model, "mlp", spec, data, "cpu", tmp_path)
+    report = _strategy([FastBackend()], profile_at_recorded_shapes=True, dispatch_overhead_us=100.0).tune_with_report(
+        model, "mlp", spec, data, "cpu", tmp_path
+    )
+    assert report.selected_latency_ms >= 0.1  # the charge is part of the reported latency
+
+
+def test_skip_single_layer_builds_nothing_for_one_torch_layer(tmp_path):
+    layer = torch.nn.Linear(8, 8).eval()
+    spec, data = record(layer, batch_sizes=(2, 4))
+    Tracked.instances.clear()
+    with pytest.raises(NotFasterThanEagerError, match=r"one torch\.nn layer \(Linear\)"):
+        _strategy([Tracked()], skip_single_layer=True).tune(layer, "fc", spec, data, "cpu", tmp_path)
+    assert Tracked.instances == []
+    report = _strategy([GoodBackend()]).tune_with_report(layer, "fc", spec, data, "cpu", tmp_path)
+    assert isinstance(report.backend, GoodBackend)  # off by default in the class
+
+
+def test_skip_reason_is_cheap_and_says_why(tmp_path):
+    layer = torch.nn.Linear(8, 8).eval()
+    spec, data = record(layer, batch_sizes=(2, 4))
+    assert "one torch.nn layer" in _strategy([GoodBackend()], skip_single_layer=True).skip_reason(
+        layer, "fc", spec, data, "cpu"
+    )
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    assert "too cheap" in _strategy([GoodBackend()], min_eager_latency_us=1e6).skip_reason(
+        model, "mlp", spec, data, "cpu"
+    )
+    assert _strategy([GoodBackend()], skip_single_layer=True, min_eager_latency_us=0).skip_reason(
+        model, "mlp", spec, data, "cpu"
+    ) is None

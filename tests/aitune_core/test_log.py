@@ -4,7 +4,18 @@ import time
 import pytest
 from rich.table import Table
 
-from aitune_core.log import SEPARATOR, THIN_SEPARATOR, format_duration, get_logger, log_separator, render_to_str, timed
+from aitune_core.log import (
+    SEPARATOR,
+    THIN_SEPARATOR,
+    StderrWarningHandler,
+    format_duration,
+    get_logger,
+    install_stderr_warnings,
+    log_separator,
+    remove_stderr_warnings,
+    render_to_str,
+    timed,
+)
 
 
 @pytest.mark.parametrize(
@@ -56,3 +67,41 @@ def test_render_to_str_is_plain_text():
     assert "\x1b[" not in text
     assert "A" in text and "x" in text
     assert max(len(line) for line in text.splitlines()) <= 160
+
+
+@pytest.fixture
+def unconfigured_logging(monkeypatch):
+    """Call it in the test body: a process whose application configured no logging (pytest adds its root
+    handlers after fixtures ran, so they are hidden from inside the test)."""
+    yield lambda: monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    remove_stderr_warnings()
+
+
+def test_stderr_warnings_once_per_cause(unconfigured_logging, capsys):
+    unconfigured_logging()
+    handler = install_stderr_warnings()
+    assert handler is not None and install_stderr_warnings() is handler  # idempotent
+    logger = get_logger("jit")
+    logger.info("not shown")
+    for _ in range(3):
+        logger.warning("backend %s failed", "X")
+    logger.warning("backend %s failed", "Y")
+    logger.warning("first words", extra={"aitune_cause": "same-cause"})
+    logger.warning("other words", extra={"aitune_cause": "same-cause"})
+    err = capsys.readouterr().err
+    assert err.count("[aitune] WARNING: backend X failed") == 1
+    assert "backend Y failed" in err and "first words" in err
+    assert "other words" not in err and "not shown" not in err
+
+
+def test_stderr_warnings_step_aside_when_the_application_configured_logging(unconfigured_logging, capsys,
+                                                                             monkeypatch):
+    unconfigured_logging()
+    assert install_stderr_warnings() is not None
+    app_handler = logging.StreamHandler()  # configured after aitune was switched on
+    monkeypatch.setattr(logging.getLogger(), "handlers", [app_handler])
+    get_logger("jit").warning("seen by the application's handler only")
+    assert "[aitune]" not in capsys.readouterr().err
+    remove_stderr_warnings()
+    assert install_stderr_warnings() is None  # configured before: nothing installed
+    assert not any(isinstance(h, StderrWarningHandler) for h in logging.getLogger("aitune").handlers)

@@ -1,3 +1,4 @@
+import itertools
 import time
 
 import pytest
@@ -82,3 +83,33 @@ def test_make_batch_without_batch_axis_fails():
     assert batch_range(spec) is None
     with pytest.raises(ValueError, match="no batch axis"):
         make_batch(data[0], spec, 4)
+
+
+def test_compare_interleaves_rounds_and_measures_the_speedup():
+    order = []
+
+    def slow():
+        order.append("slow")
+        time.sleep(0.004)
+
+    def fast():
+        order.append("fast")
+        time.sleep(0.001)
+
+    result = profiling.compare([slow, fast], device="cpu", warmup=1, budget_s=0.05, min_rounds=4)
+    assert result.rounds >= 4 and result.speedup(0) == 1.0
+    assert 2.0 < result.speedup(1) < 6.0 and result.speedup(1, extra_ms=3.0) < 1.5
+    assert result.latencies_ms[0] > result.latencies_ms[1] and result.baseline_ms == result.latencies_ms[0]
+    timed = order[2 + 2:]  # after the warm-up call and the one sizing call of each
+    switches = sum(1 for a, b in itertools.pairwise(timed) if a != b)
+    assert switches >= result.rounds  # alternating rounds, not one block per function
+
+
+def test_compare_stays_within_its_time_budget():
+    start = time.perf_counter()
+    result = profiling.compare([lambda: time.sleep(0.001)] * 2, device="cpu", warmup=0, budget_s=0.1, min_rounds=2)
+    elapsed = time.perf_counter() - start
+    assert result.rounds >= 2 and result.calls_per_round >= 1
+    assert elapsed < 0.1 + 0.2  # one round over the budget at most (each round ~2 x 20 ms)
+    with pytest.raises(ValueError):
+        profiling.compare([])

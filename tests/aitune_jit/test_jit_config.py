@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from aitune_core.backends import defaults as backend_defaults
 from aitune_core.backends.tensorrt import TensorRTBackend
 from aitune_core.backends.torch_eager import TorchEagerBackend
 from aitune_core.backends.torch_inductor import TorchInductorBackend
 from aitune_core.errors import ConfigError
+from aitune_core.strategies import defaults as strategy_defaults
 from aitune_core.strategies.first_wins import FirstWinsStrategy
 from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
 from aitune_jit import config as config_module
@@ -28,6 +30,7 @@ def test_defaults():
     assert cfg.backends is None
     assert cfg.strategy is None
     assert cfg.precision is None
+    assert cfg.min_speedup is None and cfg.min_eager_latency_us is None and cfg.skip_single_layer is True
 
 
 @pytest.mark.parametrize(
@@ -136,26 +139,67 @@ def test_invalid_environment_variable_names_the_variable(monkeypatch):
 
 
 def test_default_backends_cpu_without_tensorrt(monkeypatch):
-    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+    monkeypatch.setattr(backend_defaults, "tensorrt_available", lambda: False)
     backends = default_backends("cpu")
     assert [b.describe() for b in backends] == ["TorchInductorBackend()"]
 
 
 def test_default_backends_put_tensorrt_first_when_importable(monkeypatch):
-    monkeypatch.setattr(config_module, "tensorrt_available", lambda: True)
+    monkeypatch.setattr(backend_defaults, "tensorrt_available", lambda: True)
     backends = default_backends("cpu")
     assert [type(b) for b in backends] == [TensorRTBackend, TorchInductorBackend]
 
 
-def test_default_strategy_cpu_is_first_wins_over_inductor(monkeypatch):
-    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+def test_default_strategy_measures_speed_on_the_cpu_too(monkeypatch):
+    monkeypatch.setattr(backend_defaults, "tensorrt_available", lambda: False)
     strategy = default_strategy("cpu")
-    assert type(strategy) is FirstWinsStrategy
+    assert type(strategy) is HighestThroughputStrategy and strategy.profile_at_recorded_shapes is True
     assert [b.describe() for b in strategy.backends] == ["TorchInductorBackend()"]
+    assert strategy.min_speedup == strategy.stop_when_speedup_over == strategy_defaults.DEFAULT_MIN_SPEEDUP["cpu"]
+    assert strategy.min_eager_latency_us == strategy_defaults.DEFAULT_MIN_EAGER_LATENCY_US["cpu"]
+    assert 1.03 <= strategy.min_speedup <= 1.05
+    assert strategy.dispatch_overhead_us == strategy_defaults.JIT_DISPATCH_OVERHEAD_US > 0
+
+
+def test_min_speedup_and_min_eager_latency_options(monkeypatch):
+    monkeypatch.setattr(backend_defaults, "tensorrt_available", lambda: False)
+    jit_config.min_speedup = 1.2
+    jit_config.min_eager_latency_us = 0
+    strategy = jit_config.resolve_strategy(torch.device("cpu"))
+    assert strategy.min_speedup == 1.2 and strategy.min_eager_latency_us == 0 and strategy.skip_single_layer
+    jit_config.skip_single_layer = False
+    assert not jit_config.resolve_strategy(torch.device("cpu")).skip_single_layer
+    for name, bad in (("min_speedup", 0.9), ("min_speedup", "fast"), ("min_eager_latency_us", -1)):
+        with pytest.raises(ConfigError, match=name):
+            setattr(jit_config, name, bad)
+    monkeypatch.setenv("AITUNE_JIT_MIN_SPEEDUP", "1.1")
+    monkeypatch.setenv("AITUNE_JIT_MIN_EAGER_LATENCY_US", "none")
+    fresh = JitConfig()
+    assert fresh.min_speedup == 1.1 and fresh.min_eager_latency_us is None
+
+
+def test_every_default_comes_from_one_place(monkeypatch):
+    from aitune_aot import module as aot_module
+    from aitune_core.strategies.first_wins import FirstWinsStrategy as FirstWins
+
+    calls = []
+    original = backend_defaults.default_backends
+
+    def spy(*args, **kwargs):
+        calls.append(args)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(backend_defaults, "default_backends", spy)
+    monkeypatch.setattr(strategy_defaults, "default_backends", spy)
+    jit_config.resolve_strategy(torch.device("cpu"))
+    assert type(aot_module.default_strategy()) is FirstWins
+    FirstWins()
+    HighestThroughputStrategy()
+    assert len(calls) == 4
 
 
 def test_default_strategy_cuda_measures_speed_over_inductor_and_cuda_graphs(monkeypatch):
-    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+    monkeypatch.setattr(backend_defaults, "tensorrt_available", lambda: False)
     strategy = default_strategy("cuda")
     assert type(strategy) is HighestThroughputStrategy
     assert strategy.measures_speed
@@ -165,11 +209,11 @@ def test_default_strategy_cuda_measures_speed_over_inductor_and_cuda_graphs(monk
         "TorchInductorBackend(mode='reduce-overhead')",
         "TorchInductorBackend()",
     ]
-    assert strategy.stop_when_speedup_over == config_module.CUDA_EARLY_STOP_SPEEDUP
+    assert strategy.stop_when_speedup_over == config_module.CUDA_EARLY_STOP_SPEEDUP == strategy.min_speedup
 
 
 def test_precision_adds_autocast_candidates(monkeypatch):
-    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
+    monkeypatch.setattr(backend_defaults, "tensorrt_available", lambda: False)
     cpu = default_backends("cpu", precision="bf16")
     # opting in puts the lower-precision candidates first; fp32 stays as the fallback
     assert [b.config.autocast_enabled for b in cpu] == [True, False]
@@ -186,8 +230,8 @@ def test_precision_adds_autocast_candidates(monkeypatch):
 
 
 def test_resolve_strategy(monkeypatch):
-    monkeypatch.setattr(config_module, "tensorrt_available", lambda: False)
-    assert type(jit_config.resolve_strategy(torch.device("cpu"))) is FirstWinsStrategy
+    monkeypatch.setattr(backend_defaults, "tensorrt_available", lambda: False)
+    assert type(jit_config.resolve_strategy(torch.device("cpu"))) is HighestThroughputStrategy
     jit_config.backends = [TorchEagerBackend()]
     strategy = jit_config.resolve_strategy(torch.device("cpu"))
     assert type(strategy) is FirstWinsStrategy

@@ -174,3 +174,24 @@ def test_bootstrap_entry_point_is_declared_and_never_raises(monkeypatch, caplog)
     with caplog.at_level(logging.ERROR, logger="aitune.jit"):
         bootstrap.enable_on_torch_import(torch)  # must not raise
     assert any("could not be enabled" in r.getMessage() for r in caplog.records)
+
+
+WARNS = (
+    "import logging\n"
+    "import torch  # noqa: F401\n"
+    "for _ in range(3):\n"
+    "    logging.getLogger('aitune.jit').warning('a cause %s', 'X')\n"
+)
+
+
+def test_warnings_reach_stderr_once_per_cause_in_an_unmodified_script(tmp_path):
+    script = tmp_path / "warns.py"
+    script.write_text(WARNS)
+    env = _env(tmp_path, AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_STRATEGY="x")
+    err = _run([str(script)], env).stderr
+    assert err.count("[aitune] WARNING: a cause X") == 1, err
+    assert err.count("AITUNE_JIT_STRATEGY is ignored") == 1, err  # warned while the JIT config was read
+    # an application that configured logging sees every record through its own handlers, none of ours
+    script.write_text("import logging\nlogging.basicConfig()\n" + WARNS)
+    err = _run([str(script)], env).stderr
+    assert err.count("WARNING:aitune.jit:a cause X") == 3 and "[aitune]" not in err, err

@@ -19,7 +19,7 @@ class FirstWinsStrategy(TuneStrategy):
 
     Not every backend handles every model (an ONNX export fails, Inductor hits a graph break with
     `fullgraph=True`, a library is missing): failures are logged and the next backend is tried. When none
-    succeeds, `TuningFailedError` lists each backend's cause. Default backends: `[TorchInductorBackend()]`.
+    succeeds, `TuningFailedError` lists each backend's cause. Default backends: `default_backends()`.
     """
 
     display_name = "First Wins Strategy"

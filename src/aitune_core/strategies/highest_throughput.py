@@ -13,9 +13,25 @@ Two ways to profile:
   for JIT tuning, where batches cannot be extrapolated. Every backend, and the original module as the baseline, is
   profiled on one real recorded sample: the most common input shapes among the samples (ties: the largest).
 
-Either way `TuneReport.speedup` = eager latency / selected latency. The strategy never decides to keep eager
-itself: the caller does (the JIT tuner keeps eager when `TuneReport.speedup` is below 1).
-`stop_when_speedup_over=x` stops trying further backends once one is x times faster than eager.
+Each candidate is measured against the original module in interleaved rounds (`profiling.compare`: eager,
+candidate, eager, candidate, ..., medians), so a busy machine slows both alike; its speedup is the smaller of
+the median per-round ratio and the ratio of medians (`Comparison.speedup`), and candidates are ranked by it.
+`TuneReport.speedup` = eager latency / selected latency of the selected candidate's comparison.
+
+- `min_speedup=x` (the JIT default sets it): when the best candidate is not at least x times faster than eager,
+  it is released and `NotFasterThanEagerError` (a `TuningFailedError`) is raised, so the caller keeps eager.
+  Without it the strategy returns the best candidate and the caller decides (`TuneReport.beats_eager()`).
+- `min_eager_latency_us=t`: when one eager call at the profiled shapes takes less than t microseconds, no
+  backend is built: `NotFasterThanEagerError` says the module is too cheap to be worth a dispatch (a tuned
+  call's dispatch plus a compiled function's entry cost about ten microseconds or more; a tiny Embedding or
+  Linear cannot win that back).
+- `stop_when_speedup_over=x` stops trying further backends once one is x times faster than eager.
+- `budget_s`: seconds one interleaved comparison may take (default `profiling.settings.*_budget_s`).
+- `skip_single_layer=True`: no backend is built for a module that is one torch.nn layer (a Linear, an Embedding,
+  a LayerNorm, or a module whose only submodule is one; `cost_model.single_torch_layer`): a compiler runs the
+  same library kernel for it, so it can only lose by the dispatch.
+- `dispatch_overhead_us`: the caller's cost of routing a call to a backend (JIT: matching the call to a graph),
+  added to every candidate latency, so that a candidate that wins by less than that cost is not chosen.
 
 Profiling calls the module and the backends many times: it is not meant for modules whose forward changes their
 own state (KV caches). The module passed in must be callable without being recorded again (the callers pass the
@@ -33,8 +49,10 @@ import torch
 
 from aitune_core import profiling
 from aitune_core.backends.backend import Backend
+from aitune_core.errors import NotFasterThanEagerError
 from aitune_core.log import get_logger
 from aitune_core.specs.tree import tree_map
+from aitune_core.strategies.cost_model import single_torch_layer
 from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStrategy
 
 if TYPE_CHECKING:
@@ -52,12 +70,19 @@ class HighestThroughputStrategy(TuneStrategy):
     """Evaluate every backend and return the one with the highest throughput; see the module docstring.
 
     Args:
-        backends: candidates in the order they are tried (default: `[TorchInductorBackend(), TorchEagerBackend()]`).
+        backends: candidates in the order they are tried (default: `default_backends()` + `TorchEagerBackend()`).
         max_batch_size: upper bound of the batch-size search (default 64).
         profile_at_recorded_shapes: profile on a recorded sample instead of an estimated batch size (JIT). None
             (default) means False, except for graphs without a batch axis.
         stop_when_speedup_over: stop trying backends once one is this many times faster than eager.
         min_gain: relative throughput gain below which the batch-size search stops (default 0.05).
+        min_speedup: keep eager (raise `NotFasterThanEagerError`) unless the best candidate is this many times
+            faster than eager.
+        min_eager_latency_us: build nothing for modules whose eager call takes less (microseconds).
+        budget_s: time budget of one interleaved eager-vs-candidate comparison (seconds).
+        dispatch_overhead_us: added to each candidate latency before the speedup is computed: the caller's cost
+            of routing a call to a backend, which the candidate's own measurement does not include.
+        skip_single_layer: build nothing for a module that is one torch.nn layer (`cost_model`).
         warmup, iterations: override `profiling.settings` for this strategy's measurements.
     """
 
@@ -73,10 +98,19 @@ class HighestThroughputStrategy(TuneStrategy):
         profile_at_recorded_shapes: bool | None = None,
         stop_when_speedup_over: float | None = None,
         min_gain: float = 0.05,
+        min_speedup: float | None = None,
+        min_eager_latency_us: float | None = None,
+        budget_s: float | None = None,
+        dispatch_overhead_us: float | None = None,
+        skip_single_layer: bool = False,
         warmup: int | None = None,
         iterations: int | None = None,
     ) -> None:
         super().__init__(backends)
+        for label, value in (("min_speedup", min_speedup), ("min_eager_latency_us", min_eager_latency_us),
+                             ("budget_s", budget_s), ("dispatch_overhead_us", dispatch_overhead_us)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+                raise ValueError(f"{label} must be a number >= 0 or None, got {value!r}")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
         if stop_when_speedup_over is not None and stop_when_speedup_over <= 0:
@@ -87,15 +121,21 @@ class HighestThroughputStrategy(TuneStrategy):
         self.profile_at_recorded_shapes = profile_at_recorded_shapes
         self.stop_when_speedup_over = stop_when_speedup_over
         self.min_gain = min_gain
+        self.min_speedup = min_speedup
+        self.min_eager_latency_us = min_eager_latency_us
+        self.budget_s = budget_s
+        self.dispatch_overhead_us = dispatch_overhead_us
+        self.skip_single_layer = bool(skip_single_layer)
         self.warmup = warmup
         self.iterations = iterations
 
     @classmethod
     def default_backends(cls) -> list[Backend]:
+        """`default_backends()` plus `TorchEagerBackend()`: without `min_speedup` the original module can win."""
+        from aitune_core.backends.defaults import default_backends
         from aitune_core.backends.torch_eager import TorchEagerBackend
-        from aitune_core.backends.torch_inductor import TorchInductorBackend
 
-        return [TorchInductorBackend(), TorchEagerBackend()]
+        return [*default_backends(), TorchEagerBackend()]
 
     # ------------------------------------------------------------------------------------------ measuring
     def _profile(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], batch_size: int,
@@ -103,6 +143,49 @@ class HighestThroughputStrategy(TuneStrategy):
         return profiling.profile(
             fn, args, kwargs, batch_size=batch_size, device=device, warmup=self.warmup, iterations=self.iterations
         )
+
+    def _too_cheap(self, name: str, eager: profiling.Measurement) -> str | None:
+        threshold = self.min_eager_latency_us
+        if threshold is not None and eager.latency_ms * 1000.0 < threshold:
+            return (
+                f"module `{name}` takes {eager.latency_ms * 1000.0:.1f} us per eager call, below "
+                f"min_eager_latency_us={threshold:g}: too cheap to be worth a dispatch"
+            )
+        return None
+
+    def _single_layer(self, module: Any, name: str) -> str | None:
+        layer = single_torch_layer(module) if self.skip_single_layer else None
+        if layer is None:
+            return None
+        return (
+            f"module `{name}` is one torch.nn layer ({layer}): one library kernel, nothing for a compiler to "
+            "fuse, not worth a dispatch (skip_single_layer)"
+        )
+
+    def skip_reason(self, module: torch.nn.Module, name: str, graph_spec: GraphSpec, data: list[Sample],
+                    device: torch.device | str) -> str | None:
+        """Why no backend is worth building for this graph (`skip_single_layer`, `min_eager_latency_us`), or None.
+
+        Cheap (no compile; a few eager calls at a recorded shape when `min_eager_latency_us` is set), so a
+        caller can ask before costlier checks such as a dynamo trace; `tune` applies the same checks itself.
+        """
+        reason = self._single_layer(module, name)
+        if reason is not None or self.min_eager_latency_us is None or not data:
+            return reason
+        device = torch.device(device)
+        sample = self._representative_sample(graph_spec, list(data))
+        args, kwargs = sample.inputs_to(device)
+        batch_size = profiling.sample_batch_size(graph_spec, sample) or 1
+        return self._too_cheap(name, self._profile(module, args, kwargs, batch_size, device))
+
+    def _not_faster(self, name: str, graph_spec: GraphSpec, candidates: list[CandidateReport],
+                    best: CandidateReport, speedup: float) -> NotFasterThanEagerError:
+        error = NotFasterThanEagerError(
+            f"no backend is at least {self.min_speedup:g}x faster than eager for module `{name}` "
+            f"(graph {graph_spec.name}): best {best.description} at {speedup:.2f}x (measured interleaved)"
+        )
+        error.candidates = candidates  # type: ignore[attr-defined]
+        return error
 
     @staticmethod
     def _representative_sample(graph_spec: GraphSpec, data: list[Sample]) -> Sample:
@@ -189,6 +272,9 @@ class HighestThroughputStrategy(TuneStrategy):
         device: torch.device,
         cache_dir: Path,
     ) -> TuneReport:
+        reason = self._single_layer(module, name)
+        if reason is not None:
+            raise NotFasterThanEagerError(f"{reason}; nothing was built")
         at_recorded = bool(self.profile_at_recorded_shapes) or not graph_spec.has_batch_axis()
         if at_recorded:
             sample = self._representative_sample(graph_spec, data)
@@ -208,16 +294,41 @@ class HighestThroughputStrategy(TuneStrategy):
                 eager.batch_size,
                 eager.latency_ms,
             )
+            reason = self._too_cheap(name, eager)
+            if reason is not None:
+                raise NotFasterThanEagerError(f"{reason}; nothing was built")
+
+        speedups: dict[int, float] = {}  # id(CandidateReport) -> speedup over eager, measured interleaved
+        baselines: dict[int, float] = {}  # id(CandidateReport) -> eager median of the same comparison
+        pending: list[tuple[float, float]] = []  # what `profile` measured, until `keep_best` files it
 
         def profile(backend: Backend) -> profiling.Measurement:
-            return self._profile(backend.infer, args, kwargs, batch_size, device)
+            comparison = profiling.compare(
+                [module, backend.infer], args, kwargs, device=device, warmup=self.warmup, budget_s=self.budget_s
+            )
+            extra_ms = (self.dispatch_overhead_us or 0.0) / 1000.0
+            speedup = comparison.speedup(1, extra_ms=extra_ms)
+            pending.append((speedup, comparison.baseline_ms))
+            _logger.info(
+                "📏 interleaved with eager (%d rounds x %d calls): eager %.3f ms, candidate %.3f ms "
+                "(+%.3f ms dispatch) -> %.2fx",
+                comparison.rounds,
+                comparison.calls_per_round,
+                comparison.baseline_ms,
+                comparison.latencies_ms[1],
+                extra_ms,
+                speedup,
+            )
+            return profiling.Measurement(comparison.latencies_ms[1] + extra_ms, batch_size, comparison.rounds)
 
         candidates: list[CandidateReport] = []
         best: list[Any] = [None, None]  # [backend, report]
 
         def keep_best(report: CandidateReport, backend: Backend) -> None:
+            if pending:
+                speedups[id(report)], baselines[id(report)] = pending.pop()
             best_report = best[1]
-            if best_report is None or (report.throughput or 0.0) > (best_report.throughput or 0.0):
+            if best_report is None or speedups.get(id(report), 0.0) > speedups.get(id(best_report), 0.0):
                 _logger.info(
                     "🎯 new best throughput for %s is %.2f samples/s, batch size: %d",
                     report.description,
@@ -230,22 +341,18 @@ class HighestThroughputStrategy(TuneStrategy):
                 self._discard(backend)
 
         for blueprint in self._backends:
+            pending.clear()
             report, _backend = self._try_backend(
                 blueprint, module, graph_spec, data, device, cache_dir, profile=profile, on_success=keep_best
             )
             candidates.append(report)
             best_report = best[1]
-            if (
-                self.stop_when_speedup_over is not None
-                and eager is not None
-                and best_report is not None
-                and best_report.latency_ms
-                and eager.latency_ms / best_report.latency_ms >= self.stop_when_speedup_over
-            ):
+            best_speedup = speedups.get(id(best_report), 0.0) if best_report is not None else 0.0
+            if self.stop_when_speedup_over is not None and best_speedup >= self.stop_when_speedup_over:
                 _logger.info(
                     "🏁 %s is %.2fx faster than eager (>= %.2fx): not trying the remaining backends",
                     best_report.description,
-                    eager.latency_ms / best_report.latency_ms,
+                    best_speedup,
                     self.stop_when_speedup_over,
                 )
                 break
@@ -253,10 +360,15 @@ class HighestThroughputStrategy(TuneStrategy):
         selected_index = next((i for i, c in enumerate(candidates) if c is best_report), None)
         if best_backend is None or best_report is None:
             raise self._failed(name, graph_spec, candidates)
+        best_speedup = speedups.get(id(best_report))
+        if self.min_speedup is not None and best_speedup is not None and best_speedup < self.min_speedup:
+            self._discard(best_backend)
+            raise self._not_faster(name, graph_spec, candidates, best_report, best_speedup)
+        eager_ms = baselines.get(id(best_report), eager.latency_ms if eager is not None else None)
         return TuneReport(
             backend=best_backend,
             candidates=candidates,
-            eager_latency_ms=eager.latency_ms if eager is not None else None,
+            eager_latency_ms=eager_ms,
             selected_latency_ms=best_report.latency_ms,
             batch_size=batch_size,
             selected_index=selected_index,

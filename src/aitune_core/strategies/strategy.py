@@ -199,9 +199,10 @@ class TuneStrategy(ABC):
 
     @classmethod
     def default_backends(cls) -> list[Backend]:
-        from aitune_core.backends.torch_inductor import TorchInductorBackend
+        """Candidates when none are given: `aitune_core.backends.defaults.default_backends()` (CPU list)."""
+        from aitune_core.backends.defaults import default_backends
 
-        return [TorchInductorBackend()]
+        return default_backends()
 
     @property
     def backends(self) -> list[Backend]:
