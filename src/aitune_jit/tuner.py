@@ -108,6 +108,19 @@ def _uncomparable_output(samples: dict[str, list[Sample]]) -> str | None:
     return None
 
 
+def _worthless(
+    node: PatchedModule, strategy: Any, proxy: torch.nn.Module, spec: GraphSpec, samples: list[Sample], device: Any
+) -> bool:
+    """The strategy's cheap verdict (one torch.nn layer, an eager call too short to win back a dispatch) before
+    any dynamo trace: such a node stays eager, and so do its children (they are cheaper still)."""
+    check = getattr(strategy, "skip_reason", None)
+    reason = check(proxy, node.path, spec, samples, device) if check is not None else None
+    if reason is None:
+        return False
+    node.go_eager(reason, reopen=False)
+    return True
+
+
 def _tune_node(node: PatchedModule) -> None:
     cfg = jit_config
     cfg.validate()  # invalid options fail here at the latest, with the option's name
@@ -130,6 +143,9 @@ def _tune_node(node: PatchedModule) -> None:
             return
 
     with bypassed(), torch.no_grad():
+        strategy = cfg.resolve_strategy(device)
+        if first and _worthless(node, strategy, proxy, graphs[0], samples[graphs[0].name], device):
+            return
         if cfg.detect_graph_breaks:
             for spec in list(graphs):
                 if spec.name in node._checked_graphs:
@@ -154,7 +170,6 @@ def _tune_node(node: PatchedModule) -> None:
             if not graphs:
                 return
 
-        strategy = cfg.resolve_strategy(device)
         if cfg.dry_run:
             for spec in graphs:
                 strategy.tune_dry_run(proxy, node.path, spec, samples[spec.name], device, cache_dir)
