@@ -91,3 +91,22 @@ def test_reset_and_to_dict():
     assert cfg.strict_mode is True
     with pytest.raises(ConfigError):
         del cfg.strict_mode
+
+
+@pytest.mark.parametrize("value", ["/tmp/a\x00b", b"/tmp", 3])
+def test_cache_dir_rejects_nul_bytes_and_non_paths(value):
+    cfg = TuneConfig()
+    with pytest.raises(ConfigError, match="cache_dir"):
+        cfg.cache_dir = value
+    with pytest.raises(ConfigError, match="cache_dir"), cfg.override(cache_dir=value):
+        pass
+
+
+class _BrokenFloat(float):
+    def __float__(self):
+        raise RuntimeError("broken")
+
+
+def test_a_value_whose_own_methods_raise_is_a_config_error():
+    with pytest.raises(ConfigError, match="rtol"):
+        TuneConfig().rtol = _BrokenFloat(1.0)

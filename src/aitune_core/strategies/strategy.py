@@ -168,6 +168,20 @@ def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line if line else line for line in text.splitlines())
 
 
+def _identity(blueprint: Backend) -> tuple[str, str]:
+    """Description and key of a candidate for the report; a backend whose own describe()/key() raises still gets
+    a report (its failure is then reported by the steps that follow, inside the candidate's try)."""
+    try:
+        description = blueprint.describe()
+    except Exception:
+        description = type(blueprint).__name__
+    try:
+        key = blueprint.key()
+    except Exception:
+        key = type(blueprint).__name__
+    return description, key
+
+
 def _failure_message(name: str, graph_spec: GraphSpec, candidates: Sequence[CandidateReport]) -> str:
     if not candidates:
         return f"No backend to try for module `{name}` (graph {graph_spec.name}): the strategy has no backends"
@@ -337,15 +351,15 @@ class TuneStrategy(ABC):
         `report.error`). `on_success(report, backend)` runs before the step's "⏱️ completed" line (strategies log
         "🎯 new best ..." there). With `reraise`, the original exception propagates after it is logged.
         """
-        description = blueprint.describe()
-        report = CandidateReport(description=description, key=blueprint.key())
+        description, key = _identity(blueprint)
+        report = CandidateReport(description=description, key=key)
         _logger.info("🤖 backend: %s", description)
         _logger.info("🔄 in progress...please wait")
         backend: Backend | None = None
         start = time.perf_counter()
         try:
             with timed(_logger):
-                try:
+                try:  # every per-candidate step: a backend that cannot even be copied is a candidate failure
                     backend = blueprint.blueprint_copy()
                     with progress(f"Building {description}"):
                         backend.build(module, graph_spec, data, device, cache_dir / backend.key())
@@ -368,6 +382,8 @@ class TuneStrategy(ABC):
                             measurement.batch_size,
                             measurement.latency_ms,
                         )
+                    if on_success is not None:
+                        on_success(report, backend)
                 except Exception as exc:
                     report.error = f"{type(exc).__name__}: {exc}"
                     _logger.warning("❌ backend %s failed: %s", description, report.error)
@@ -375,8 +391,6 @@ class TuneStrategy(ABC):
                     backend = None
                     if reraise:
                         raise
-                if backend is not None and on_success is not None:
-                    on_success(report, backend)
         finally:
             report.duration_s = time.perf_counter() - start
         return report, backend
