@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -37,7 +37,7 @@ class LockHoldingBackend(Backend):
 class SideEffectsThenRaiseBackend(Backend):
     """Writes into its cache folder, keeps the module, then raises in `_build`."""
 
-    built: list[str] = []
+    built: ClassVar[list[str]] = []
 
     def _build(self, module: torch.nn.Module, graph_spec: Any, data: list, cache_dir: Path) -> None:
         cache_dir.mkdir(parents=True, exist_ok=True)
