@@ -27,7 +27,7 @@ def test_roundtrip_and_manifest_fields(tmp_path):
     assert set(manifest["files"]) == {"a/file.bin", "a/state.pt"}
     reader = CheckpointReader(ckpt)
     reader.verify()
-    assert torch.equal(reader.load_torch("a/state.pt", weights_only=True)["t"], torch.arange(3))
+    assert torch.equal(reader.load_torch("a/state.pt")["t"], torch.arange(3))
     assert reader.resolve("a/file.bin").read_text() == "hello"
     assert reader.resolve("a") == ckpt / "a"  # a folder covered by the index
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt")]  # no temp folders left
@@ -86,7 +86,7 @@ def test_tampered_or_missing_file_fails_verification_and_nothing_loads_before(tm
     ckpt = _write(tmp_path / "ckpt")
     reader = CheckpointReader(ckpt)
     with pytest.raises(CheckpointError, match="verify"):
-        reader.load_torch("a/state.pt", weights_only=True)
+        reader.load_torch("a/state.pt")
     (ckpt / "a" / "file.bin").write_text("HELLO")
     with pytest.raises(CheckpointError, match=r"checksum mismatch for a/file.bin"):
         CheckpointReader(ckpt).verify()
