@@ -65,7 +65,10 @@ def test_manifest_layout(saved):
     (artifact,) = backend["artifacts"]
     assert artifact["path"] == "modules/head/graphs/0/artifacts/program.pt2" and len(artifact["sha256"]) == 64
     assert backend["state"]["program"] == {"__aitune_artifact__": artifact["path"]}
+    (part,) = manifest["model"]["parts"]  # the whole model's state: a fresh instance computes the same
+    assert (part["path"], part["class"], part["weights"]) == ("", "Pipeline", "model/0.pt")
     assert set(manifest["files"]) == {
+        "model/0.pt",
         "modules/enc/weights.pt",
         "modules/head/weights.pt",
         "modules/head/graphs/0/artifacts/program.pt2",
