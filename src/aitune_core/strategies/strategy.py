@@ -234,7 +234,7 @@ class TuneStrategy(ABC):
         self._correctness_check = bool(enabled)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}([{', '.join(b.describe() for b in self._backends)}])"
+        return f"{type(self).__name__}([{', '.join(_identity(b)[0] for b in self._backends)}])"
 
     # -------------------------------------------------------------------------------------------- API
     def tune(
@@ -406,7 +406,7 @@ class TuneStrategy(ABC):
             else:
                 Backend._free_memory()
         except Exception as exc:  # releasing must never hide the real outcome
-            _logger.debug("Could not deactivate %s: %s", backend.describe(), exc)
+            _logger.debug("Could not deactivate %s: %s", _identity(backend)[0], exc)
 
     @staticmethod
     def _failed(name: str, graph_spec: GraphSpec, candidates: list[CandidateReport]) -> TuningFailedError:
@@ -440,7 +440,7 @@ class TuneStrategy(ABC):
         _logger.info("    description: %s", self.description)
         _logger.info("    backends:")
         for backend in self._backends:
-            _logger.info("      %s", backend.describe())
+            _logger.info("      %s", _identity(backend)[0])
 
     def _log_selected(self, report: TuneReport, name: str, graph_spec: GraphSpec) -> None:
         _logger.info("🎯 Strategy %s execution finished:", type(self).__name__)
