@@ -186,7 +186,10 @@ def _match(model: Any, entries: list[dict[str, Any]]) -> list[_ModulePlan]:
     for entry in entries:
         path = entry.get("path")
         target: Module | torch.nn.Module | None = by_path.get(path) if path is not None else None
-        target = target or by_name.get(entry["name"]) or _raw_at(model, entry)
+        if target is None:  # (explicit None checks: a wrapped container's truth value is its length)
+            target = by_name.get(entry["name"])
+        if target is None:
+            target = _raw_at(model, entry)
         if target is None:
             missing.append(entry["name"])
         else:
@@ -244,6 +247,12 @@ def _plan(model: Any, reader: CheckpointReader) -> tuple[list[_PartPlan], list[_
     plans = _match(model, entries)
     for plan in plans:
         check_module(plan.entry, plan.module)
+        if not isinstance(plan.target, Module) and "forward" in plan.module.__dict__:
+            raise CheckpointError(
+                f"checkpoint module {plan.name!r}: the model's {type(plan.module).__name__} at "
+                f"{plan.entry.get('path')!r} has an instance-level forward (patched by another tool, or JIT tuning "
+                "is on); aitune cannot wrap it"
+            )
     matched_parts = _match_parts(model, _part_entries(reader))
     reader.verify()  # every checksum, before any file is deserialized
     parts = []

@@ -213,7 +213,7 @@ def _env_backends(text: str) -> list[Backend]:
         try:
             backends.append(backend_class(name)())
         except KeyError as exc:
-            raise ConfigError(str(exc)) from exc
+            raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
     return backends
 
 
