@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from aitune_aot.load_transaction import LoadTransaction
+from aitune_aot.load_transaction import LoadTransaction, original_forward
 from aitune_aot.model_paths import find_modules, model_parts, resolve_path, unwrapped
-from aitune_aot.module import Module, ModuleState, find_wrapper, original_forward
+from aitune_aot.module import Module, ModuleState, find_wrapper
 from aitune_core.backends.backend import Backend
 from aitune_core.checkpoint.manifest import CheckpointReader, CheckpointWriter
 from aitune_core.checkpoint.module_state import (

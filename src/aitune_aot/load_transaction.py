@@ -13,18 +13,51 @@ host memory for the time it runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-from aitune_aot.module import Module
+from aitune_aot.module import Module, _hooks_hidden
 from aitune_aot.registry import MODULE_REGISTRY
 from aitune_core.backends.backend import Backend, BackendState
 
-__all__ = ["LoadTransaction", "TensorSnapshot"]
+__all__ = ["LoadTransaction", "TensorSnapshot", "original_forward"]
 
 _logger = logging.getLogger("aitune.aot.checkpoint")
+
+
+@contextmanager
+def original_forward(target: Module | torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The torch module of `target` (an aitune Module or a raw module) with its own forward and no forward hooks:
+    what checkpoint loading builds and deploys backends on."""
+    if isinstance(target, Module):
+        with target._original_forward() as module:
+            yield module
+    else:
+        with _hooks_hidden(target):
+            yield target
+
+
+_ROUTING_FIELDS = (
+    "_self_graphs", "_self_dispatcher", "_self_state", "_self_active", "_self_recorder", "_self_prev_recorder",
+)
+
+
+def _swap_graphs(wrapper: Module, graphs: list[tuple[Any, Backend]]) -> tuple[Any, ...]:
+    """Route `wrapper` to checkpoint-loaded (deployed) backends; returns its previous routing state. The previous
+    backends are left as they are (released by `LoadTransaction.commit`)."""
+    previous = tuple(getattr(wrapper, name) for name in _ROUTING_FIELDS)
+    wrapper._self_recorder = None
+    wrapper._self_prev_recorder = None
+    wrapper._install_backends(graphs)
+    return previous
+
+
+def _unswap_graphs(wrapper: Module, previous: tuple[Any, ...]) -> None:
+    for name, value in zip(_ROUTING_FIELDS, previous, strict=True):
+        setattr(wrapper, name, value)
 
 
 class TensorSnapshot:
@@ -99,9 +132,9 @@ class LoadTransaction:
     def swapped(self, wrapper: Module, graphs: list[tuple[Any, Backend]]) -> None:
         """Route `wrapper` to `graphs`; on rollback its previous state comes back, on commit its previous backends
         are released."""
-        previous = wrapper._swap_graphs(graphs)
+        previous = _swap_graphs(wrapper, graphs)
         self._replaced.append(previous[0])
-        self._undo.append(lambda: wrapper._unswap_graphs(previous))
+        self._undo.append(lambda: _unswap_graphs(wrapper, previous))
 
     def commit(self) -> None:
         """The load succeeded: release the backends the loaded ones replaced."""

@@ -53,15 +53,7 @@ if TYPE_CHECKING:
     from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.strategies.strategy import TuneStrategy
 
-__all__ = [
-    "Module",
-    "ModuleState",
-    "StrategyList",
-    "StrategyMap",
-    "default_strategy",
-    "find_wrapper",
-    "original_forward",
-]
+__all__ = ["Module", "ModuleState", "StrategyList", "StrategyMap", "default_strategy", "find_wrapper"]
 
 _logger = logging.getLogger("aitune.aot.module")
 
@@ -131,18 +123,6 @@ def _hooks_hidden(module: torch.nn.Module) -> Iterator[None]:
             added = state[name]
             hooks.update(added)
             state[name] = hooks
-
-
-@contextmanager
-def original_forward(target: Any) -> Iterator[torch.nn.Module]:
-    """The torch module of `target` (an aitune Module or a raw module) with its own forward and no forward hooks:
-    what checkpoint loading builds and deploys backends on."""
-    if isinstance(target, Module):
-        with target._original_forward() as module:
-            yield module
-    else:
-        with _hooks_hidden(target):
-            yield target
 
 
 class Module(wrapt.CallableObjectProxy):
@@ -546,25 +526,6 @@ class Module(wrapt.CallableObjectProxy):
         self._self_recorder = None
         self._self_prev_recorder = None
         self._install_backends(graphs)
-
-    def _swap_graphs(self, graphs: list[tuple[GraphSpec, Backend]]) -> tuple[Any, ...]:
-        """Route calls to checkpoint-loaded (deployed) backends; returns what `_unswap_graphs` needs to undo it.
-
-        The previous backends are left as they are: the caller releases them once the whole load succeeded."""
-        previous = (
-            self._self_graphs, self._self_dispatcher, self._self_state, self._self_active,
-            self._self_recorder, self._self_prev_recorder,
-        )
-        self._self_recorder = None
-        self._self_prev_recorder = None
-        self._install_backends(graphs)
-        return previous
-
-    def _unswap_graphs(self, previous: tuple[Any, ...]) -> None:
-        (
-            self._self_graphs, self._self_dispatcher, self._self_state, self._self_active,
-            self._self_recorder, self._self_prev_recorder,
-        ) = previous
 
     # ------------------------------------------------------------------ serialization
     def to_dict(
