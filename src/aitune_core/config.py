@@ -43,9 +43,15 @@ CACHE_DIR_ENV = "AITUNE_CACHE_DIR"
 
 
 def default_cache_dir() -> Path:
-    """`$AITUNE_CACHE_DIR` when set, else `~/.cache/aitune`."""
+    """`$AITUNE_CACHE_DIR` when set, else `~/.cache/aitune` (the temporary folder when there is no home folder:
+    importing aitune must not fail on the environment)."""
     env = os.environ.get(CACHE_DIR_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "aitune"
+    try:
+        return Path(env).expanduser() if env else Path.home() / ".cache" / "aitune"
+    except RuntimeError:  # no home folder (no $HOME and no password entry)
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / "aitune"
 
 
 def _bool(name: str, value: Any) -> bool:

@@ -110,3 +110,16 @@ class _BrokenFloat(float):
 def test_a_value_whose_own_methods_raise_is_a_config_error():
     with pytest.raises(ConfigError, match="rtol"):
         TuneConfig().rtol = _BrokenFloat(1.0)
+
+
+def test_default_cache_dir_without_a_home_folder(monkeypatch):
+    import tempfile
+
+    from aitune_core.config import default_cache_dir
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert default_cache_dir() == Path(tempfile.gettempdir()) / "aitune"
