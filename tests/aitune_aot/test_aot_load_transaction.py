@@ -323,3 +323,25 @@ def test_tensor_snapshot_restores_objects_values_and_devices():
     assert all(b is buffers[n] for n, b in model.named_buffers())
     for key, value in reference.items():
         assert model.state_dict()[key].dtype == value.dtype and torch.equal(model.state_dict()[key], value)
+
+
+def test_planted_pickle_as_the_torchao_quantized_state_is_refused(tmp_path):
+    quantization = pytest.importorskip("torchao.quantization")
+    from aitune_core.backends.torchao import TorchAOBackend, TorchAOBackendConfig
+
+    PWNED.unlink(missing_ok=True)
+    model = build()
+    config = TorchAOBackendConfig(quantization_config=quantization.Int8WeightOnlyConfig(), compile=False)
+    backend = TorchAOBackend(config)
+    model.encoder = Module(model.encoder, "enc", strategy=FirstWinsStrategy([backend]))
+    tune(model, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2])
+    save(model, tmp_path / "ckpt")
+    manifest = _manifest(tmp_path / "ckpt")
+    (artifact,) = manifest["modules"][0]["graphs"][0]["backend"]["artifacts"]
+    assert manifest["modules"][0]["graphs"][0]["backend"]["state_file"] is None  # the torchao config is JSON
+    _plant_pickle(tmp_path / "ckpt", artifact["path"])
+    del model, backend
+    MODULE_REGISTRY.clear()
+    fresh = build(seed=1)
+    before = _load_fails(fresh, tmp_path / "ckpt", r"module 'enc': cannot deploy.*Weights only load failed")
+    _assert_unchanged(fresh, before)
