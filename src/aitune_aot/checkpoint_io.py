@@ -255,12 +255,20 @@ def _plan(model: Any, reader: CheckpointReader) -> tuple[list[_PartPlan], list[_
             )
     matched_parts = _match_parts(model, _part_entries(reader))
     reader.verify()  # every checksum, before any file is deserialized
+    states: dict[str, dict[str, Any]] = {}  # a tuned root (or pipeline component) shares its part's file
+
+    def state(rel: Any, label: str) -> dict[str, Any]:
+        if not isinstance(rel, str) or rel not in states:
+            value = read_state(reader, rel, label)
+            states[rel] = value
+        return states[rel]
+
     parts = []
     for part, module in matched_parts:
         label = f"checkpoint model part {part['path'] or '<root>'!r}"
-        parts.append(_PartPlan(part["path"], module, read_state(reader, part["weights"], label)))
+        parts.append(_PartPlan(part["path"], module, state(part["weights"], label)))
     for plan in plans:
-        plan.weights = read_state(reader, plan.entry["weights"], f"checkpoint module {plan.name!r}")
+        plan.weights = state(plan.entry["weights"], f"checkpoint module {plan.name!r}")
         plan.graphs = load_backends(reader, plan.entry, plan.module)
         if not plan.graphs:
             raise CheckpointError(f"checkpoint module {plan.name!r} has no tuned graph")
@@ -283,10 +291,13 @@ def _apply(
     if device is not None:
         for module in [part.module for part in parts] + [plan.module for plan in plans]:
             module.to(device)
+    applied = set()
     for part in parts:
         apply_state(part.module, part.state, f"checkpoint model part {part.path or '<root>'!r}")
+        applied.add((id(part.module), id(part.state)))
     for plan in plans:
-        apply_state(plan.module, plan.weights, f"checkpoint module {plan.name!r}")
+        if (id(plan.module), id(plan.weights)) not in applied:  # not already restored as a whole part
+            apply_state(plan.module, plan.weights, f"checkpoint module {plan.name!r}")
     for plan in plans:
         tx.deployed(backend for _, backend in plan.graphs)
         target_device = device if device is not None else _module_device(plan.module)
