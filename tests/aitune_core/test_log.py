@@ -56,3 +56,20 @@ def test_render_to_str_is_plain_text():
     assert "\x1b[" not in text
     assert "A" in text and "x" in text
     assert max(len(line) for line in text.splitlines()) <= 160
+
+
+def test_warn_visibly_goes_to_stderr_without_a_handler_and_to_logging_with_one(capsys, caplog):
+    from aitune_core.log import warn_visibly
+
+    logger = logging.getLogger("aitune.test_warn_visibly")
+    root_handlers = logging.getLogger().handlers[:]
+    logging.getLogger().handlers.clear()  # as in a program that configured no logging
+    try:
+        warn_visibly(logger, "value %r is ignored", "abc")
+    finally:
+        logging.getLogger().handlers[:] = root_handlers
+    assert capsys.readouterr().err == "value 'abc' is ignored\n"
+    with caplog.at_level("WARNING", logger="aitune.test_warn_visibly"):
+        warn_visibly(logger, "value %r is ignored", "xyz")
+    assert [r.getMessage() for r in caplog.records] == ["value 'xyz' is ignored"]
+    assert capsys.readouterr().err == ""
