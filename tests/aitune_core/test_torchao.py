@@ -268,3 +268,21 @@ def test_checkpoint_state_is_json_and_weights_only(tmp_path):
 def test_config_json_naming_anything_but_a_torchao_config_class_is_refused(payload):
     with pytest.raises(ValueError, match="torchao config"):
         TorchAOBackendConfig.from_dict({"quantization_config": {"__torchao_config__": payload}, "compile": False})
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda q: q.Int8WeightOnlyConfig(),
+        lambda q: q.Int8DynamicActivationInt8WeightConfig(),
+        lambda q: q.Float8DynamicActivationFloat8WeightConfig(),  # dtypes, granularity list, enum, a NamedTuple
+        lambda q: q.Float8DynamicActivationFloat8WeightConfig(granularity=q.PerRow()),
+        lambda q: q.Int4WeightOnlyConfig(group_size=32),
+    ],
+)
+def test_torchao_configs_round_trip_through_json(make):
+    import json
+
+    config = TorchAOBackendConfig(quantization_config=make(quantization), compile=False)
+    stored = json.loads(json.dumps(config.to_dict()))  # what a manifest holds
+    assert TorchAOBackendConfig.from_dict(stored) == config

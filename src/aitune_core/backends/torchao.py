@@ -120,9 +120,15 @@ class TorchAOBackendConfig(BackendConfig):
 QC_MARK = "__torchao_config__"
 
 
+def _is_config_class(cls: type, enum_type: type) -> bool:
+    """Enums, dataclasses (configs, granularities) and NamedTuples (e.g. Float8MMConfig): plain value classes."""
+    named_tuple = issubclass(cls, tuple) and hasattr(cls, "_fields")
+    return issubclass(cls, enum_type) or dataclasses.is_dataclass(cls) or named_tuple
+
+
 def _check_torchao_json(value: Any, allowed: Any) -> None:
-    """Every `_type` in torchao config JSON must name a torch dtype, or a class (config, enum, dataclass) of torchao's
-    allowed modules: `config_from_dict` calls what it finds, so a function name is refused before that."""
+    """Every `_type` in torchao config JSON must name a torch dtype, or a value class (config, enum, dataclass,
+    NamedTuple) of torchao's allowed modules: `config_from_dict` calls what it finds, so a function name is refused before that."""
     import enum
 
     if isinstance(value, list):
@@ -138,7 +144,7 @@ def _check_torchao_json(value: Any, allowed: Any) -> None:
                 raise ValueError(f"torchao config: {data!r} is not a torch dtype")
         else:
             found = allowed(type_name) if isinstance(type_name, str) else None
-            if not (isinstance(found, type) and (issubclass(found, enum.Enum) or dataclasses.is_dataclass(found))):
+            if not (isinstance(found, type) and _is_config_class(found, enum.Enum)):
                 raise ValueError(f"torchao config: {type_name!r} is not a torchao config class")
     for item in value.values():
         _check_torchao_json(item, allowed)
