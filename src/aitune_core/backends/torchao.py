@@ -128,7 +128,8 @@ def _is_config_class(cls: type, enum_type: type) -> bool:
 
 def _check_torchao_json(value: Any, allowed: Any) -> None:
     """Every `_type` in torchao config JSON must name a torch dtype, or a value class (config, enum, dataclass,
-    NamedTuple) of torchao's allowed modules: `config_from_dict` calls what it finds, so a function name is refused before that."""
+    NamedTuple) of torchao's allowed modules: `config_from_dict` calls what it finds, so a function name is refused
+    before that."""
     import enum
 
     if isinstance(value, list):
