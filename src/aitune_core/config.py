@@ -43,9 +43,15 @@ CACHE_DIR_ENV = "AITUNE_CACHE_DIR"
 
 
 def default_cache_dir() -> Path:
-    """`$AITUNE_CACHE_DIR` when set, else `~/.cache/aitune`."""
+    """`$AITUNE_CACHE_DIR` when set, else `~/.cache/aitune` (the temporary folder when there is no home folder:
+    importing aitune must not fail on the environment)."""
     env = os.environ.get(CACHE_DIR_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "aitune"
+    try:
+        return Path(env).expanduser() if env else Path.home() / ".cache" / "aitune"
+    except RuntimeError:  # no home folder (no $HOME and no password entry)
+        import tempfile
+
+        return Path(tempfile.gettempdir()) / "aitune"
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -76,9 +82,22 @@ def _optional_tolerance(name: str, value: Any) -> float | None:
 
 
 def _path(name: str, value: Any) -> Path:
-    if not isinstance(value, (str, os.PathLike)) or str(value) == "":
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes) or str(value) == "":
         raise ConfigError(f"config.{name} must be a non-empty str or Path, got {value!r}")
+    if "\x00" in str(value):
+        raise ConfigError(f"config.{name} must not contain a NUL character, got {value!r}")
     return Path(value).expanduser()
+
+
+def _validated(name: str, validator: Callable[[str, Any], Any], value: Any) -> Any:
+    """`validator(name, value)`, with anything else than ConfigError (a value whose own methods fail) reported
+    as a ConfigError too: every setter fails the same way."""
+    try:
+        return validator(name, value)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"config.{name}: cannot use {value!r}: {type(exc).__name__}: {exc}") from exc
 
 
 # name -> (validator, default factory)
@@ -117,7 +136,7 @@ class TuneConfig:
         if option is None:
             known = ", ".join(_OPTIONS)
             raise ConfigError(f"unknown config option {name!r}; known options: {known}")
-        object.__setattr__(self, name, option[0](name, value))
+        object.__setattr__(self, name, _validated(name, option[0], value))
 
     def __delattr__(self, name: str) -> None:
         raise ConfigError(f"config options cannot be deleted ({name!r}); assign a value instead")
@@ -140,7 +159,7 @@ class TuneConfig:
             option = _OPTIONS.get(name)
             if option is None:
                 raise ConfigError(f"unknown config option {name!r}; known options: {', '.join(_OPTIONS)}")
-            option[0](name, value)
+            _validated(name, option[0], value)
         saved = {name: getattr(self, name) for name in options}
         try:
             for name, value in options.items():

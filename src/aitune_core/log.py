@@ -175,3 +175,35 @@ def remove_stderr_warnings() -> None:
     for handler in list(logger.handlers):
         if isinstance(handler, StderrWarningHandler):
             logger.removeHandler(handler)
+
+
+def has_real_handler(logger: logging.Logger) -> bool:
+    """True when a record of `logger` reaches a handler other than the `aitune` NullHandler."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(handler, logging.NullHandler) for handler in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
+
+
+def warn_visibly(logger: logging.Logger, message: str, *args: Any) -> None:
+    """A WARNING the user must see even when the program configured no logging.
+
+    The `aitune` NullHandler would swallow what Python prints by default for WARNING records (its
+    `logging.lastResort` handler); without a real handler the message goes to stderr the way lastResort would
+    print it. Never raises.
+    """
+    try:
+        if not logger.isEnabledFor(logging.WARNING):
+            return
+        if has_real_handler(logger):
+            logger.warning(message, *args)
+            return
+        import sys
+
+        sys.stderr.write((message % args if args else message) + "\n")
+    except Exception:  # a warning must never break the program
+        pass

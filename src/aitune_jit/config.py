@@ -5,7 +5,11 @@
     jit_config.device = "cuda:7"           # ConfigError at this line when there is no such GPU
 
 Options (default in brackets; each can also be given as an environment variable `AITUNE_JIT_<NAME>`, read
-when the process starts, e.g. `AITUNE_JIT_MIN_SAMPLES=3`, `AITUNE_JIT_BACKENDS=TorchEagerBackend`):
+once, when aitune_jit is first imported, e.g. `AITUNE_JIT_MIN_SAMPLES=3`, `AITUNE_JIT_BACKENDS=TorchEagerBackend`).
+A variable whose value cannot be used is reported by one WARNING (variable, value, what is accepted) and its
+option keeps its default; an `AITUNE_JIT_*` name that is no option gets one WARNING naming the closest known
+name. Reading the environment never raises: in env-var mode the program must run whatever is set. Assigning
+in code is strict instead: every setter raises ConfigError for a wrong type or value.
 
 - `min_samples` [2]: recorded calls of one graph (input structure) before that graph is tuned.
 - `batch_axis_required` [False]: when True, a graph is tuned only once its recordings show a batch axis
@@ -42,6 +46,7 @@ when the process starts, e.g. `AITUNE_JIT_MIN_SAMPLES=3`, `AITUNE_JIT_BACKENDS=T
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -54,6 +59,7 @@ import torch
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.backends.defaults import PRECISION_DTYPES, default_backends, tensorrt_available
 from aitune_core.errors import ConfigError
+from aitune_core.log import warn_visibly
 from aitune_core.strategies.defaults import CUDA_EARLY_STOP_SPEEDUP
 
 if TYPE_CHECKING:
@@ -75,6 +81,10 @@ __all__ = [
     "tensorrt_available",
     "validate_device",
 ]
+#: `AITUNE_JIT_*` variables that are not options (read by `aitune_jit.summary` at exit)
+OTHER_ENV_NAMES = ("AITUNE_JIT_PRINT_HIERARCHY", "AITUNE_JIT_PRINT_HISTORY")
+#: (variable, value) pairs already reported: each bad or unknown variable is reported once per process
+_reported: set[tuple[str, str]] = set()
 
 
 # ----------------------------------------------------------------------------------------------- validators
@@ -127,9 +137,14 @@ def validate_device(name: str, value: Any) -> torch.device | None:
     """A device that exists on this machine, or None; otherwise a ConfigError saying why."""
     if value is None:
         return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, torch.device)):
+        raise ConfigError(
+            f"jit_config.{name} must be None, a str such as 'cuda:0', an int or a torch.device, "
+            f"got {value!r} of type {type(value).__name__}"
+        )
     try:
         device = torch.device(value)
-    except (RuntimeError, TypeError) as exc:
+    except (RuntimeError, TypeError, ValueError) as exc:
         raise ConfigError(f"jit_config.{name}: {value!r} is not a device ({exc})") from exc
     if device.type == "cpu":
         return device
@@ -179,8 +194,10 @@ def _strategy(name: str, value: Any) -> TuneStrategy | None:
 
 
 def _path(name: str, value: Any) -> Path:
-    if not isinstance(value, (str, os.PathLike)) or str(value) == "":
+    if not isinstance(value, (str, os.PathLike)) or isinstance(os.fspath(value), bytes) or str(value) == "":
         raise ConfigError(f"jit_config.{name} must be a non-empty str or Path, got {value!r}")
+    if "\x00" in str(value):
+        raise ConfigError(f"jit_config.{name} must not contain a NUL character, got {value!r}")
     return Path(value).expanduser()
 
 
@@ -244,7 +261,7 @@ def _env_backends(text: str) -> list[Backend]:
         try:
             backends.append(backend_class(name)())
         except KeyError as exc:
-            raise ConfigError(str(exc)) from exc
+            raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
     return backends
 
 
@@ -270,6 +287,42 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "min_eager_latency_us": (_optional_number, lambda: None, _env_optional_float),
     "skip_single_layer": (_bool, lambda: True, _env_bool),
 }
+
+
+#: what each option accepts from its environment variable (for the warning about a value that cannot be used)
+_ACCEPTED: dict[str, str] = {
+    "min_samples": "an integer >= 1",
+    "batch_axis_required": "a boolean (1/0, true/false, yes/no, on/off)",
+    "max_depth_level": "an integer >= 0",
+    "min_parameters": "an integer >= 0",
+    "detect_graph_breaks": "a boolean (1/0, true/false, yes/no, on/off)",
+    "skip_modules": "comma-separated class names",
+    "device": "none or a device of this machine (cpu, cuda, cuda:1, ...)",
+    "dry_run": "a boolean (1/0, true/false, yes/no, on/off)",
+    "backends": "comma-separated backend class names (e.g. TorchInductorBackend,TorchEagerBackend)",
+    "strategy": "nothing (set jit_config.strategy in code)",
+    "cache_dir": "a folder path",
+    "precision": "none, bf16 or fp16",
+}
+
+
+def _report_once(variable: str, text: str, message: str, *args: Any) -> None:
+    key = (variable, text)
+    if key in _reported:
+        return
+    _reported.add(key)
+    warn_visibly(_logger, message, *args)
+
+
+def _check_env_names(environ: Any) -> None:
+    """One WARNING per `AITUNE_JIT_*` variable that is no option, naming the closest known name."""
+    known = sorted([ENV_PREFIX + name.upper() for name in _OPTIONS] + list(OTHER_ENV_NAMES))
+    for variable in sorted(k for k in environ if isinstance(k, str) and k.startswith(ENV_PREFIX)):
+        if variable in known:
+            continue
+        close = difflib.get_close_matches(variable, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"known names: {', '.join(known)}"
+        _report_once(variable, "", "%s is not an aitune JIT option and is ignored; %s", variable, hint)
 
 
 class JitConfig:
@@ -300,7 +353,7 @@ class JitConfig:
         option = _OPTIONS.get(name)
         if option is None:
             raise ConfigError(f"unknown jit_config option {name!r}; known options: {', '.join(_OPTIONS)}")
-        object.__setattr__(self, name, option[0](name, value))
+        object.__setattr__(self, name, _validated(name, option[0], value))
 
     def __delattr__(self, name: str) -> None:
         raise ConfigError(f"jit_config options cannot be deleted ({name!r}); assign a value instead")
@@ -313,18 +366,25 @@ class JitConfig:
             self._read_env()
 
     def _read_env(self) -> None:
+        """Apply the `AITUNE_JIT_*` variables; never raises (see the module docstring)."""
+        environ = dict(os.environ)
         for name, (_validator, _default, parser) in _OPTIONS.items():
             variable = ENV_PREFIX + name.upper()
-            text = os.environ.get(variable)
+            text = environ.get(variable)
             if text is None:
                 continue
             if parser is None:
-                _logger.warning("%s is ignored: `%s` takes an object; set jit_config.%s in code", variable, name, name)
+                _report_once(variable, text, "%s is ignored: `%s` takes an object; set jit_config.%s in code",
+                             variable, name, name)
                 continue
             try:
                 setattr(self, name, parser(text))
-            except ConfigError as exc:
-                raise ConfigError(f"{variable}={text!r}: {exc}") from exc
+            except Exception as exc:  # the option keeps its default
+                _report_once(
+                    variable, text, "%s=%r is ignored (%s); accepted: %s. jit_config.%s keeps its default %r.",
+                    variable, text, exc, _ACCEPTED[name], name, getattr(self, name),
+                )
+        _check_env_names(environ)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _OPTIONS}
@@ -338,7 +398,7 @@ class JitConfig:
             option = _OPTIONS.get(name)
             if option is None:
                 raise ConfigError(f"unknown jit_config option {name!r}; known options: {', '.join(_OPTIONS)}")
-            validated[name] = option[0](name, value)
+            validated[name] = _validated(name, option[0], value)
         try:
             for name, value in validated.items():
                 object.__setattr__(self, name, value)
@@ -360,7 +420,9 @@ class JitConfig:
         if self.backends is not None:
             from aitune_core.strategies.first_wins import FirstWinsStrategy
 
-            return FirstWinsStrategy([backend.blueprint_copy() for backend in self.backends])
+            # the strategy copies each blueprint per candidate, inside the candidate's try: a backend that cannot be
+            # copied is a failed candidate, not an error in the user's call
+            return FirstWinsStrategy(list(self.backends))
         return default_strategy(
             device,
             precision=self.precision,
@@ -372,6 +434,17 @@ class JitConfig:
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
         return f"JitConfig({inner})"
+
+
+def _validated(name: str, validator: Callable[[str, Any], Any], value: Any) -> Any:
+    """`validator(name, value)`; anything it raises other than ConfigError (a value whose own methods fail) is
+    reported as a ConfigError too."""
+    try:
+        return validator(name, value)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"jit_config.{name}: cannot use {value!r}: {type(exc).__name__}: {exc}") from exc
 
 
 # ----------------------------------------------------------------------------------------------- defaults

@@ -20,9 +20,9 @@ Nothing a node does may change what the program computes: every failure ends in 
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
-import types
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -69,18 +69,6 @@ def count_parameters(module: torch.nn.Module) -> int:
     return total
 
 
-def _restore_forward(module: torch.nn.Module, saved: Any) -> Any:
-    """What a copy (deepcopy / pickle) of a module gets instead of aitune's forward wrapper."""
-    if saved is not None:
-        return saved
-    return types.MethodType(type(module).forward, module)
-
-
-def _restore_slot() -> Any:
-    """What a copy of a module gets instead of the node: a fresh candidate (adopted on its first call)."""
-    return CANDIDATE
-
-
 class _ForwardWrapper:
     """The instance attribute `forward` of a RECORDING or TUNED module.
 
@@ -103,9 +91,13 @@ class _ForwardWrapper:
         return getattr(self.__wrapped__, name)
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        # Copies and pickles get the original forward, through stdlib callables only: a pickle of a model taken
+        # while JIT tuning is on loads where aitune is not installed. `getattr(module, "forward")` runs while the
+        # copy's __dict__ is still empty, so it binds the class's forward to the copy.
         node = self._node
-        saved = None if node._saved_forward is _MISSING else node._saved_forward
-        return (_restore_forward, (node.module, saved))
+        if node._saved_forward is not _MISSING and node._saved_forward is not None:
+            return (copy.copy, (node._saved_forward,))
+        return (getattr, (node.module, "forward"))
 
     def __repr__(self) -> str:
         return f"<aitune JIT forward of {self._node.path}>"
@@ -247,8 +239,10 @@ class PatchedModule:
         return f"<PatchedModule {self.path} {self.state.name}>"
 
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        # A deepcopy / pickle of the module must not share (or carry) this node.
-        return (_restore_slot, ())
+        # A deepcopy / pickle of the module must not share (or carry) this node. A deepcopy gets CANDIDATE (a
+        # fresh candidate, adopted on its first call: the marker deep-copies to itself); a pickle gets None (the
+        # marker pickles as None): never seen, and nothing of aitune in the pickle.
+        return (copy.copy, (CANDIDATE,))
 
     def _child_path(self, module: torch.nn.Module) -> str:
         names = self._child_names

@@ -70,8 +70,15 @@ class Marker:
         self.name = name
         self.fast = fast
 
-    def __reduce__(self) -> tuple[object, tuple[str]]:  # copies of a module keep the same marker object
-        return (marker, (self.name,))
+    def __copy__(self) -> Marker:  # copies of a module keep the same marker object
+        return self
+
+    def __deepcopy__(self, memo: dict) -> Marker:
+        return self
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        # a pickled module carries no aitune object: its slot unpickles as None (a module never seen)
+        return (type(None), ())
 
     def __repr__(self) -> str:
         return f"<aitune_jit marker {self.name}>"

@@ -17,6 +17,7 @@ import threading
 import weakref
 from typing import TYPE_CHECKING
 
+from aitune_core.log import has_real_handler
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
@@ -94,17 +95,6 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _has_real_handler(logger: logging.Logger) -> bool:
-    current: logging.Logger | None = logger
-    while current is not None:
-        if any(not isinstance(handler, logging.NullHandler) for handler in current.handlers):
-            return True
-        if not current.propagate:
-            return False
-        current = current.parent
-    return False
-
-
 def log_summary() -> None:
     """Log the summary once, at WARNING, if the hook saw any module.
 
@@ -122,7 +112,7 @@ def log_summary() -> None:
         if _env_flag("AITUNE_JIT_PRINT_HISTORY"):
             sys.stderr.write("\n".join(["JIT Tuning History:", *PatchedModule.history]) + "\n")
         message = "\n".join(summary_lines())
-        if _logger.isEnabledFor(logging.WARNING) and not _has_real_handler(_logger):
+        if _logger.isEnabledFor(logging.WARNING) and not has_real_handler(_logger):
             sys.stderr.write(message + "\n")
         else:
             _logger.warning(message)

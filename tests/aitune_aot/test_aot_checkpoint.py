@@ -65,7 +65,10 @@ def test_manifest_layout(saved):
     (artifact,) = backend["artifacts"]
     assert artifact["path"] == "modules/head/graphs/0/artifacts/program.pt2" and len(artifact["sha256"]) == 64
     assert backend["state"]["program"] == {"__aitune_artifact__": artifact["path"]}
+    (part,) = manifest["model"]["parts"]  # the whole model's state: a fresh instance computes the same
+    assert (part["path"], part["class"], part["weights"]) == ("", "Pipeline", "model/0.pt")
     assert set(manifest["files"]) == {
+        "model/0.pt",
         "modules/enc/weights.pt",
         "modules/head/weights.pt",
         "modules/head/graphs/0/artifacts/program.pt2",
@@ -267,3 +270,37 @@ def test_failed_load_into_an_unwrapped_model_leaves_it_unwrapped(saved):
         load(model, ckpt)
     assert model.encoder is encoder and not isinstance(model.encoder, Module)  # nothing was wrapped
     assert find_modules(model) == []
+
+
+def test_the_rest_of_the_model_must_match_too(tmp_path):
+    """save() stores the whole model: a fresh model whose untuned part differs is refused, not half-loaded."""
+    model = build()
+    model.encoder = Module(model.encoder, "enc", strategy=FirstWinsStrategy([CountingBackend()]))
+    tune(model, [torch.randn(8)] * 2, batch_sizes=[1, 2])
+    save(model, tmp_path / "ckpt")
+    other = build(seed=1)
+    other.head = torch.nn.Sequential(torch.nn.Linear(6, 7), torch.nn.Tanh())
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"model part '<root>' does not match.*head.0.weight: saved \[5, 6\]"):
+        load(other, tmp_path / "ckpt")
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in before.items())
+    assert find_modules(other) == []
+
+
+def test_load_returns_the_root_wrapper_for_a_fresh_unwrapped_model(tmp_path):
+    model = Module(build(), "net", strategy=FirstWinsStrategy([CountingBackend()]))
+    tune(model, [torch.randn(8)] * 2, batch_sizes=[1, 2])
+    save(model, tmp_path / "ckpt")
+    manifest = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())
+    assert manifest["modules"][0]["path"] == "" and manifest["modules"][0]["weights"] == "model/0.pt"  # stored once
+    del model
+    from aitune_aot.registry import MODULE_REGISTRY
+
+    MODULE_REGISTRY.clear()
+    fresh = build(seed=1)
+    loaded = load(fresh, tmp_path / "ckpt")
+    assert isinstance(loaded, Module) and loaded.__wrapped__ is fresh and loaded.state is ModuleState.TUNED
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), build()(x))  # the saved weights, through the restored backend
+    assert load(loaded, tmp_path / "ckpt") is loaded  # loading into the wrapper returns the wrapper

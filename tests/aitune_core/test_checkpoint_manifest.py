@@ -27,7 +27,7 @@ def test_roundtrip_and_manifest_fields(tmp_path):
     assert set(manifest["files"]) == {"a/file.bin", "a/state.pt"}
     reader = CheckpointReader(ckpt)
     reader.verify()
-    assert torch.equal(reader.load_torch("a/state.pt", weights_only=True)["t"], torch.arange(3))
+    assert torch.equal(reader.load_torch("a/state.pt")["t"], torch.arange(3))
     assert reader.resolve("a/file.bin").read_text() == "hello"
     assert reader.resolve("a") == ckpt / "a"  # a folder covered by the index
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ckpt")]  # no temp folders left
@@ -86,7 +86,7 @@ def test_tampered_or_missing_file_fails_verification_and_nothing_loads_before(tm
     ckpt = _write(tmp_path / "ckpt")
     reader = CheckpointReader(ckpt)
     with pytest.raises(CheckpointError, match="verify"):
-        reader.load_torch("a/state.pt", weights_only=True)
+        reader.load_torch("a/state.pt")
     (ckpt / "a" / "file.bin").write_text("HELLO")
     with pytest.raises(CheckpointError, match=r"checksum mismatch for a/file.bin"):
         CheckpointReader(ckpt).verify()
@@ -105,3 +105,86 @@ def test_paths_outside_the_checkpoint_are_rejected(tmp_path):
     reader = CheckpointReader(_write(tmp_path / "ok"))
     with pytest.raises(CheckpointError, match="not covered by its checksums"):
         reader.resolve("other.bin")
+
+
+def test_saving_to_a_symlink_keeps_the_link_and_leaves_no_stray_entry(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "links").mkdir()
+    link = tmp_path / "links" / "ckpt"
+    link.symlink_to(tmp_path / "real", target_is_directory=True)
+    _write(link, "v1")
+    _write(link, "v2")  # over an existing checkpoint, through the link
+    assert link.is_symlink() and os.readlink(link) == str(tmp_path / "real")
+    assert CheckpointReader(link).resolve("a/file.bin").read_text() == "v2"
+    assert sorted(p.name for p in (tmp_path / "links").iterdir()) == ["ckpt", "src.bin"]  # (src.bin: _write's)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["links", "real"]
+
+
+@pytest.mark.parametrize("version", [0, -1, True, 1.0, "1", None, FORMAT_VERSION + 1])
+def test_format_version_must_be_a_known_integer(tmp_path, version):
+    ckpt = _write(tmp_path / "ckpt")
+    manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
+    manifest["format_version"] = version
+    (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=r"format.version"):
+        CheckpointReader(ckpt)
+
+
+def test_version_1_checkpoints_are_still_read(tmp_path):
+    ckpt = _write(tmp_path / "ckpt")
+    manifest = json.loads((ckpt / MANIFEST_FILE).read_text())
+    manifest["format_version"] = 1
+    (ckpt / MANIFEST_FILE).write_text(json.dumps(manifest))
+    CheckpointReader(ckpt).verify()
+
+
+def test_symlinks_inside_the_checkpoint_are_refused(tmp_path):
+    ckpt = _write(tmp_path / "ckpt")
+    (tmp_path / "elsewhere").mkdir()
+    os.replace(ckpt / "a" / "file.bin", tmp_path / "elsewhere" / "file.bin")
+    (ckpt / "a" / "file.bin").symlink_to(tmp_path / "elsewhere" / "file.bin")  # same bytes, same checksum
+    with pytest.raises(CheckpointError, match="symlink"):
+        CheckpointReader(ckpt).verify()
+    os.replace(ckpt / MANIFEST_FILE, tmp_path / "elsewhere" / MANIFEST_FILE)
+    (ckpt / MANIFEST_FILE).symlink_to(tmp_path / "elsewhere" / MANIFEST_FILE)
+    with pytest.raises(CheckpointError, match="symlink"):
+        CheckpointReader(ckpt)
+
+
+def test_a_checkpoint_folder_that_is_itself_a_link_is_fine(tmp_path):
+    ckpt = _write(tmp_path / "ckpt")
+    (tmp_path / "alias").symlink_to(ckpt, target_is_directory=True)
+    reader = CheckpointReader(tmp_path / "alias")
+    reader.verify()
+    assert torch.equal(reader.load_torch("a/state.pt")["t"], torch.arange(3))
+
+
+def test_an_unindexed_file_in_an_artifact_folder_is_refused(tmp_path):
+    ckpt = _write(tmp_path / "ckpt")
+    reader = CheckpointReader(ckpt)
+    reader.verify()
+    (ckpt / "a" / "planted.onnx_data").write_bytes(b"x")
+    with pytest.raises(CheckpointError, match="not covered by its checksums"):
+        reader.resolve("a")
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/aitune-pwned-manifest-test",))
+
+
+def test_load_torch_never_unpickles_objects(tmp_path):
+    from pathlib import Path
+
+    marker = Path("/tmp/aitune-pwned-manifest-test")
+    marker.unlink(missing_ok=True)
+    src = tmp_path / "evil.pt"
+    torch.save({"x": _Boom()}, src)
+    with CheckpointWriter(tmp_path / "ckpt") as writer:
+        writer.add_file(src, "evil.pt")
+        writer.commit({})
+    reader = CheckpointReader(tmp_path / "ckpt")
+    reader.verify()
+    with pytest.raises(CheckpointError, match=r"cannot load evil\.pt"):
+        reader.load_torch("evil.pt")
+    assert not marker.exists()

@@ -91,3 +91,35 @@ def test_reset_and_to_dict():
     assert cfg.strict_mode is True
     with pytest.raises(ConfigError):
         del cfg.strict_mode
+
+
+@pytest.mark.parametrize("value", ["/tmp/a\x00b", b"/tmp", 3])
+def test_cache_dir_rejects_nul_bytes_and_non_paths(value):
+    cfg = TuneConfig()
+    with pytest.raises(ConfigError, match="cache_dir"):
+        cfg.cache_dir = value
+    with pytest.raises(ConfigError, match="cache_dir"), cfg.override(cache_dir=value):
+        pass
+
+
+class _BrokenFloat(float):
+    def __float__(self):
+        raise RuntimeError("broken")
+
+
+def test_a_value_whose_own_methods_raise_is_a_config_error():
+    with pytest.raises(ConfigError, match="rtol"):
+        TuneConfig().rtol = _BrokenFloat(1.0)
+
+
+def test_default_cache_dir_without_a_home_folder(monkeypatch):
+    import tempfile
+
+    from aitune_core.config import default_cache_dir
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv(CACHE_DIR_ENV, raising=False)
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    assert default_cache_dir() == Path(tempfile.gettempdir()) / "aitune"

@@ -105,3 +105,20 @@ def test_stderr_warnings_step_aside_when_the_application_configured_logging(unco
     remove_stderr_warnings()
     assert install_stderr_warnings() is None  # configured before: nothing installed
     assert not any(isinstance(h, StderrWarningHandler) for h in logging.getLogger("aitune").handlers)
+
+
+def test_warn_visibly_goes_to_stderr_without_a_handler_and_to_logging_with_one(capsys, caplog):
+    from aitune_core.log import warn_visibly
+
+    logger = logging.getLogger("aitune.test_warn_visibly")
+    root_handlers = logging.getLogger().handlers[:]
+    logging.getLogger().handlers.clear()  # as in a program that configured no logging
+    try:
+        warn_visibly(logger, "value %r is ignored", "abc")
+    finally:
+        logging.getLogger().handlers[:] = root_handlers
+    assert capsys.readouterr().err == "value 'abc' is ignored\n"
+    with caplog.at_level("WARNING", logger="aitune.test_warn_visibly"):
+        warn_visibly(logger, "value %r is ignored", "xyz")
+    assert [r.getMessage() for r in caplog.records] == ["value 'xyz' is ignored"]
+    assert capsys.readouterr().err == ""

@@ -155,3 +155,39 @@ def test_no_samples_is_an_error(graph, tmp_path):
     model, spec, _ = graph
     with pytest.raises(TuningFailedError, match="No samples"):
         FirstWinsStrategy([GoodBackend()]).tune(model, "mlp", spec, [], "cpu", tmp_path)
+
+
+class _UncopyableBackend(GoodBackend):
+    def __deepcopy__(self, memo):
+        raise TypeError("cannot pickle '_thread.lock' object")
+
+
+class _NamelessBackend(GoodBackend):
+    def describe(self):
+        raise RuntimeError("describe() is broken")
+
+
+def test_every_per_candidate_step_is_a_candidate_failure(graph, tmp_path):
+    """A blueprint that cannot be copied, or whose describe() raises, fails as a candidate; the next one wins."""
+    strategy = FirstWinsStrategy([_UncopyableBackend(), _NamelessBackend(), GoodBackend()])
+    report = strategy.tune_with_report(*_args(graph, tmp_path))
+    first, second, third = report.candidates
+    assert "TypeError: cannot pickle" in first.error and not first.built
+    assert second.description == "_NamelessBackend" and "describe() is broken" in second.error
+    assert third.succeeded and report.selected_index == 2
+
+
+def test_a_failing_on_success_step_discards_the_candidate(graph, tmp_path):
+    strategy = FirstWinsStrategy([GoodBackend()])
+    built = []
+
+    def on_success(report, backend):
+        built.append(backend)
+        raise RuntimeError("bookkeeping failed")
+
+    model, _name, spec, data, _device, _cache = _args(graph, tmp_path)
+    report, backend = strategy._try_backend(
+        GoodBackend(), model, spec, data, torch.device("cpu"), tmp_path, on_success=on_success
+    )
+    assert backend is None and "bookkeeping failed" in report.error
+    assert built and built[0].state is not BackendState.ACTIVE  # released

@@ -214,3 +214,75 @@ def test_save_and_load_in_a_fresh_process_without_quantizing_again(tmp_path, con
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO / "src")])}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert "LOADED-OK" in result.stdout, result.stdout + result.stderr
+
+
+class _Boom:
+    """Unpickling it runs code (what a planted pickle would do)."""
+
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/aitune-pwned-torchao",))
+
+
+def test_checkpoint_state_is_json_and_weights_only(tmp_path):
+    """The config travels as torchao JSON (no pickled object in the checkpoint) and the quantized state loads with
+    torch.load(weights_only=True); a pickle planted as the quantized state is refused, never run."""
+    import json
+
+    from aitune_core.checkpoint.backend_state import pack_backend, unpack_backend_state
+    from aitune_core.checkpoint.manifest import CheckpointReader, CheckpointWriter
+
+    module = MLP().eval()
+    backend, _ = _tune(module, mlp_call, tmp_path / "cache", _backend("int8_weight_only"))
+    with CheckpointWriter(tmp_path / "ckpt") as writer:
+        entry = pack_backend(backend, writer, "b")
+        writer.commit({"entry": entry})
+    assert entry["state_file"] is None  # nothing needed a torch file: the config is JSON
+    qc = entry["state"]["config"]["quantization_config"]["__torchao_config__"]
+    assert qc["_type"] == "Int8WeightOnlyConfig" and json.dumps(qc)
+    reader = CheckpointReader(tmp_path / "ckpt")
+    reader.verify()
+    state = unpack_backend_state(reader.manifest["entry"], reader)
+    loaded = TorchAOBackend.from_dict(module, state)
+    assert type(loaded.config.quantization_config).__name__ == "Int8WeightOnlyConfig"
+    loaded.deploy()
+    args, kwargs = mlp_call(2)
+    torch.testing.assert_close(loaded.infer(*args, **kwargs), backend.infer(*args, **kwargs), rtol=0, atol=0)
+
+    marker = Path("/tmp/aitune-pwned-torchao")
+    marker.unlink(missing_ok=True)
+    torch.save({"0.weight": _Boom()}, state["quantized_state"])  # a planted pickle in place of the state
+    planted = TorchAOBackend.from_dict(module, state)
+    with pytest.raises(Exception, match=r"[Ww]eights only load failed|Unsupported global"):
+        planted.deploy()
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"_type": "quantize_", "_data": {}},  # a function of an allowed module
+        {"_type": "Int8WeightOnlyConfig", "_data": {"granularity": {"_type": "torch.dtype", "_data": "load"}}},
+        {"_type": "NoSuchConfig", "_data": {}},
+    ],
+)
+def test_config_json_naming_anything_but_a_torchao_config_class_is_refused(payload):
+    with pytest.raises(ValueError, match="torchao config"):
+        TorchAOBackendConfig.from_dict({"quantization_config": {"__torchao_config__": payload}, "compile": False})
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda q: q.Int8WeightOnlyConfig(),
+        lambda q: q.Int8DynamicActivationInt8WeightConfig(),
+        lambda q: q.Float8DynamicActivationFloat8WeightConfig(),  # dtypes, granularity list, enum, a NamedTuple
+        lambda q: q.Float8DynamicActivationFloat8WeightConfig(granularity=q.PerRow()),
+        lambda q: q.Int4WeightOnlyConfig(group_size=32),
+    ],
+)
+def test_torchao_configs_round_trip_through_json(make):
+    import json
+
+    config = TorchAOBackendConfig(quantization_config=make(quantization), compile=False)
+    stored = json.loads(json.dumps(config.to_dict()))  # what a manifest holds
+    assert TorchAOBackendConfig.from_dict(stored) == config

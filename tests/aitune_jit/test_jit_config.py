@@ -128,14 +128,78 @@ def test_environment_variables(monkeypatch, tmp_path):
     assert cfg.precision == "bf16"
 
 
-def test_invalid_environment_variable_names_the_variable(monkeypatch):
-    monkeypatch.setenv("AITUNE_JIT_MIN_SAMPLES", "-2")
-    with pytest.raises(ConfigError, match="AITUNE_JIT_MIN_SAMPLES='-2'"):
+@pytest.fixture
+def fresh_reports(monkeypatch):
+    """Each bad variable is reported once per process: start these tests with nothing reported yet."""
+    monkeypatch.setattr(config_module, "_reported", set())
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and r.name == "aitune.jit"]
+
+
+@pytest.mark.parametrize(
+    ("variable", "text", "option", "accepted"),
+    [
+        ("AITUNE_JIT_MIN_SAMPLES", "-2", "min_samples", "an integer >= 1"),
+        ("AITUNE_JIT_MIN_SAMPLES", "abc", "min_samples", "an integer >= 1"),
+        ("AITUNE_JIT_DRY_RUN", "maybe", "dry_run", "a boolean"),
+        ("AITUNE_JIT_BACKENDS", "NoSuchBackend", "backends", "backend class names"),
+        ("AITUNE_JIT_DEVICE", "cuda:7", "device", "a device of this machine"),
+        ("AITUNE_JIT_PRECISION", "fp8", "precision", "none, bf16 or fp16"),
+    ],
+)
+def test_bad_environment_value_warns_once_and_keeps_the_default(
+    monkeypatch, caplog, fresh_reports, variable, text, option, accepted
+):
+    monkeypatch.setenv(variable, text)
+    with caplog.at_level("WARNING", logger="aitune.jit"):
+        cfg = JitConfig()
+        JitConfig()  # read again (e.g. reset()): not reported a second time
+    assert getattr(cfg, option) == getattr(JitConfig(read_env=False), option)
+    (message,) = _warnings(caplog)
+    assert f"{variable}={text!r}" in message and accepted in message and f"jit_config.{option} keeps" in message
+
+
+def test_misspelt_environment_name_warns_once_with_the_closest_name(monkeypatch, caplog, fresh_reports):
+    monkeypatch.setenv("AITUNE_JIT_MIN_SAMPLE", "5")
+    monkeypatch.setenv("AITUNE_JIT_PRINT_HISTORY", "1")  # known, though not an option
+    with caplog.at_level("WARNING", logger="aitune.jit"):
+        cfg = JitConfig()
         JitConfig()
-    monkeypatch.setenv("AITUNE_JIT_MIN_SAMPLES", "2")
-    monkeypatch.setenv("AITUNE_JIT_BACKENDS", "NoSuchBackend")
-    with pytest.raises(ConfigError, match="NoSuchBackend"):
-        JitConfig()
+    assert cfg.min_samples == 2
+    (message,) = _warnings(caplog)
+    assert "AITUNE_JIT_MIN_SAMPLE is not an aitune JIT option" in message
+    assert "did you mean AITUNE_JIT_MIN_SAMPLES?" in message
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("device", b"\xff"),
+        ("device", 1.5),
+        ("device", True),
+        ("cache_dir", "/tmp/a\x00b"),
+        ("cache_dir", b"/tmp"),
+        ("precision", object()),
+        ("min_samples", "3"),
+    ],
+)
+def test_setters_reject_wrong_types_with_config_error(name, value):
+    with pytest.raises(ConfigError, match=name):
+        setattr(jit_config, name, value)
+    with pytest.raises(ConfigError, match=name), jit_config.override(**{name: value}):
+        pass
+
+
+class _Unequal:
+    def __eq__(self, other):
+        raise RuntimeError("no comparison")
+
+
+def test_a_value_whose_own_methods_raise_is_a_config_error():
+    with pytest.raises(ConfigError, match="precision"):
+        jit_config.precision = _Unequal()
 
 
 def test_default_backends_cpu_without_tensorrt(monkeypatch):
@@ -247,3 +311,59 @@ def test_environment_variable_for_an_object_option_is_not_silently_ignored(monke
         cfg = JitConfig()
     assert cfg.strategy is None
     assert "AITUNE_JIT_STRATEGY is ignored" in caplog.text
+
+
+_ENV_SCRIPT = """
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+torch.manual_seed(1)
+inputs = [torch.randn(b, 64) for b in (2, 4, 2, 3, 4)]
+with torch.no_grad():
+    outputs = [model(x) for x in inputs]
+torch.nn.Linear(2, 2)(torch.ones(1, 2))
+torch.save(outputs, {out!r})
+print("SCRIPT-DONE")
+"""
+
+
+def _reference_outputs() -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).eval()
+    torch.manual_seed(1)
+    inputs = [torch.randn(b, 64) for b in (2, 4, 2, 3, 4)]
+    with torch.no_grad():
+        return [model(x) for x in inputs]
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"AITUNE_JIT_MIN_SAMPLES": "abc"}, "AITUNE_JIT_MIN_SAMPLES='abc' is ignored"),
+        ({"AITUNE_JIT_MIN_SAMPLE": "5"}, "AITUNE_JIT_MIN_SAMPLE is not an aitune JIT option"),
+    ],
+)
+def test_env_var_mode_with_a_bad_variable_runs_to_completion_with_one_warning(tmp_path, extra, needle):
+    """Acceptance 3: the script completes, its outputs are the eager ones, and the variable is reported once."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "outputs.pt"
+    script = tmp_path / "script.py"
+    script.write_text(_ENV_SCRIPT.format(out=str(out)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AITUNE_JIT_")}
+    env.update(
+        AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning",
+        AITUNE_JIT_CACHE_DIR=str(tmp_path / "cache"),
+        AITUNE_JIT_BACKENDS="TorchEagerBackend",
+        AITUNE_JIT_DETECT_GRAPH_BREAKS="0",
+        **extra,
+    )
+    result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "SCRIPT-DONE" in result.stdout
+    assert result.stderr.count(needle) == 1, result.stderr[-4000:]
+    assert "aitune JIT tuning summary: 1 module(s) tuned" in result.stderr  # tuning ran (with the defaults)
+    for got, expected in zip(torch.load(out), _reference_outputs(), strict=True):
+        torch.testing.assert_close(got, expected)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import inspect
 import io
+import os
 import pickle
 import threading
 import types
 
+import pytest
 import torch
 from jit_helpers import MLP, Block, CountingBackend, make_mlp, run, states
 from torch._dynamo.backends.debugging import ExplainWithBackend
@@ -186,7 +188,74 @@ def test_forward_signature_and_copies_of_wrapped_modules():
     loaded = torch.load(buffer, weights_only=False)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x))
-    assert pickle.loads(pickle.dumps(PASS)) is PASS
+    assert copy.deepcopy(PASS) is PASS and copy.copy(PASS) is PASS
+    assert pickle.loads(pickle.dumps(PASS)) is None  # a pickle carries no aitune object
+
+
+_UNPICKLE_WITHOUT_AITUNE = """
+import sys
+sys.path.insert(0, sys.argv[3])  # tiny_net
+for name in ("aitune", "aitune_jit", "aitune_core", "aitune_aot"):
+    sys.modules[name] = None  # any import of aitune in the unpickling fails
+import pytest
+import torch
+model = torch.load(sys.argv[1], weights_only=False)
+x, expected = torch.load(sys.argv[2])
+assert "forward" not in model.__dict__ or model.__dict__["forward"].__self__ is model
+assert not any(k.startswith("_aitune") and v is not None for m in model.modules() for k, v in vars(m).items())
+with torch.no_grad():
+    torch.testing.assert_close(model(x), expected, rtol=0, atol=0)
+print("UNPICKLED-OK")
+"""
+
+
+_TINY_NET = """
+import torch
+
+class TinyNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+"""
+
+
+@pytest.mark.parametrize("tuned", [False, True])
+def test_pickle_taken_while_jit_tuning_loads_without_aitune(tmp_path, monkeypatch, tuned):
+    """A whole-model pickle taken while JIT tuning is on (recording or tuned) is a pickle of the plain model."""
+    import subprocess
+    import sys
+
+    (tmp_path / "tiny_net.py").write_text(_TINY_NET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tiny_net
+
+    jit_config.backends = [CountingBackend()]
+    jit_config.min_samples = 2 if tuned else 100
+    jit_config.min_parameters = 0
+    jit_config.detect_graph_breaks = False
+    torch.manual_seed(0)
+    model = tiny_net.TinyNet().eval()
+    enable()
+    with torch.no_grad():
+        for batch in (2, 3, 4):
+            model(torch.randn(batch, 8))
+    assert PatchedModule.of(model).state is (NodeState.TUNED if tuned else NodeState.RECORDING)
+    x = torch.randn(5, 8)
+    with torch.no_grad():
+        expected = model(x)
+    torch.save(model, tmp_path / "model.pt")
+    torch.save((x, expected), tmp_path / "io.pt")
+    env = {k: v for k, v in os.environ.items() if k != "AUTOWRAPT_BOOTSTRAP"}
+    result = subprocess.run(
+        [sys.executable, "-c", _UNPICKLE_WITHOUT_AITUNE, str(tmp_path / "model.pt"), str(tmp_path / "io.pt"),
+         str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0 and "UNPICKLED-OK" in result.stdout, result.stderr[-3000:]
 
 
 def test_dynamo_never_traces_into_the_hook():

@@ -177,6 +177,8 @@ class EngineRunner:
     def __init__(self, trt: Any, engine_bytes: bytes) -> None:
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)
+        if hasattr(self._runtime, "engine_host_code_allowed"):  # an engine (e.g. from a checkpoint) may carry host
+            self._runtime.engine_host_code_allowed = False     # code: never run it (TensorRT's default, made explicit)
         self.engine = self._runtime.deserialize_cuda_engine(engine_bytes)
         if self.engine is None:
             raise RuntimeError(f"TensorRT {trt.__version__} could not deserialize the engine (built with another "

@@ -28,8 +28,12 @@ Checkpoint
     written with `torch.save` into an artifact file. Loading rebuilds the module structure from the user's module
     without copying its float weights (parameters are mapped to the meta device) and assigns the saved quantized
     tensors with `load_state_dict(assign=True)`: no re-quantization from float weights. The file is read with
-    `torch.load(weights_only=False)` (torchao's subclasses are plain pickles) after the checkpoint layer verified its
-    sha256. `is_jit` is False: the original module is only needed as a skeleton when loading.
+    `torch.load(weights_only=True)`: torchao registers its quantized tensor classes (and the enums and granularity
+    objects they hold) with `torch.serialization.add_safe_globals` when `torchao.quantization` is imported, so only
+    those classes can be rebuilt and no other code runs. The quantization config is stored as JSON through
+    torchao's own `config_to_dict`; it is read back with `config_from_dict` after every `_type` in it was checked to
+    name a torchao config, enum or dataclass (never a function). `is_jit` is False: the original module is only
+    needed as a skeleton when loading.
 
 Deactivate
     Writes the quantized state to the cache folder (once) and drops the quantized copy; `activate()` restores it from
@@ -91,6 +95,82 @@ class TorchAOBackendConfig(BackendConfig):
         if not isinstance(self.compile, bool):
             raise ValueError(f"TorchAOBackendConfig.compile must be a bool, got {self.compile!r}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The torchao config as torchao's own JSON (`config_to_dict`), so a checkpoint stores no pickled object."""
+        qc = self.quantization_config
+        if qc is not None:
+            try:
+                from torchao.core.config import config_to_dict
+
+                qc = {QC_MARK: config_to_dict(qc)}
+            except Exception:  # not a torchao config: kept as it is (a checkpoint refuses to store it)
+                qc = self.quantization_config
+        return {"quantization_config": qc, "compile": self.compile}
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any]) -> TorchAOBackendConfig:
+        state = dict(state)
+        qc = state.get("quantization_config")
+        if isinstance(qc, dict) and QC_MARK in qc:
+            state["quantization_config"] = quantization_config_from_json(qc[QC_MARK])
+        return cls(**state)
+
+
+#: marks a torchao config stored as torchao JSON in `TorchAOBackendConfig.to_dict()`
+QC_MARK = "__torchao_config__"
+
+
+def _is_config_class(cls: type, enum_type: type) -> bool:
+    """Enums, dataclasses (configs, granularities) and NamedTuples (e.g. Float8MMConfig): plain value classes."""
+    named_tuple = issubclass(cls, tuple) and hasattr(cls, "_fields")
+    return issubclass(cls, enum_type) or dataclasses.is_dataclass(cls) or named_tuple
+
+
+def _check_torchao_json(value: Any, allowed: Any) -> None:
+    """Every `_type` in torchao config JSON must name a torch dtype, or a value class (config, enum, dataclass,
+    NamedTuple) of torchao's allowed modules: `config_from_dict` calls what it finds, so a function name is refused
+    before that."""
+    import enum
+
+    if isinstance(value, list):
+        for item in value:
+            _check_torchao_json(item, allowed)
+        return
+    if not isinstance(value, dict):
+        return
+    if "_type" in value:
+        type_name, data = value["_type"], value.get("_data")
+        if type_name == "torch.dtype":
+            if not isinstance(data, str) or not isinstance(getattr(torch, data, None), torch.dtype):
+                raise ValueError(f"torchao config: {data!r} is not a torch dtype")
+        else:
+            found = allowed(type_name) if isinstance(type_name, str) else None
+            if not (isinstance(found, type) and _is_config_class(found, enum.Enum)):
+                raise ValueError(f"torchao config: {type_name!r} is not a torchao config class")
+    for item in value.values():
+        _check_torchao_json(item, allowed)
+
+
+def quantization_config_from_json(data: Any) -> Any:
+    """A torchao config from its `config_to_dict` JSON, after `_check_torchao_json`."""
+    import importlib
+
+    import_torchao_quantization()
+    from torchao.core.config import ALLOWED_AO_MODULES, config_from_dict
+
+    def allowed(type_name: str) -> Any:
+        for module_path in sorted(ALLOWED_AO_MODULES):
+            try:
+                found = getattr(importlib.import_module(module_path), type_name, None)
+            except ImportError:
+                continue
+            if found is not None:
+                return found
+        return None
+
+    _check_torchao_json(data, allowed)
+    return config_from_dict(data)
+
 
 def is_float8_config(quantization_config: Any) -> bool:
     return type(quantization_config).__name__.startswith("Float8")
@@ -143,8 +223,8 @@ def skeleton_copy(module: torch.nn.Module) -> torch.nn.Module:
 
 def load_quantized(module: torch.nn.Module, path: Path, device: torch.device) -> torch.nn.Module:
     """The quantized module saved at `path`, rebuilt on `device` from `module`'s structure (no re-quantization)."""
-    import_torchao_quantization()  # registers torchao's tensor subclasses before unpickling them
-    state = torch.load(path, map_location=device, weights_only=False)
+    import_torchao_quantization()  # registers torchao's tensor subclasses as safe globals for weights_only loading
+    state = torch.load(path, map_location=device, weights_only=True)
     restored = skeleton_copy(module)
     restored.load_state_dict(state, strict=True, assign=True)
     for sub in restored.modules():  # non-persistent buffers came from the user's module

@@ -6,17 +6,22 @@
   replaced by a marker with its checkpoint-relative path; loading gives back the absolute path inside the
   loaded checkpoint, after its sha256 was verified;
 - tuples: kept in the manifest as a marked list (so Paths inside them are still artifacts);
-- anything else (tensors, dtypes, third-party config objects, OrderedDict state dicts): moved into one
-  `torch.save` file per backend and replaced by a marker. That file is read with
-  `torch.load(weights_only=False)`, only after the checkpoint's checksums were verified (see the trust
-  note in `manifest.py`).
+- tensors, dtypes, devices, `torch.Size` (and dicts, OrderedDicts, lists and tuples of them): moved into one
+  `torch.save` file per backend and replaced by a marker. That file is read with `torch.load(weights_only=True)`,
+  after the checkpoint's checksums were verified, so it can never execute code;
+- anything else (an arbitrary object) cannot be stored: `save()` raises CheckpointError naming the value.
+  A backend stores a third-party object as JSON (e.g. torchao configs through torchao's own `config_to_dict`)
+  or as an artifact file that only its own non-pickle loader reads.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from aitune_core.backends.backend import to_jsonable
 from aitune_core.errors import CheckpointError
@@ -37,6 +42,20 @@ def _is_plain_json(value: Any) -> bool:
     if value is None or type(value) in (bool, int, str):
         return True
     return type(value) is float and math.isfinite(value)
+
+
+_TORCH_SAFE_LEAVES = (torch.Tensor, torch.dtype, torch.device, torch.Size, bool, int, float, str, bytes, type(None))
+
+
+def _torch_safe(value: Any) -> bool:
+    """True when `torch.load(weights_only=True)` reads `value` back (checked before saving, not after loading)."""
+    if isinstance(value, _TORCH_SAFE_LEAVES):
+        return True
+    if type(value) in (dict, OrderedDict):
+        return all(isinstance(k, (str, int)) and _torch_safe(v) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return all(_torch_safe(v) for v in value)
+    return False
 
 
 def pack_backend(backend: Backend, writer: CheckpointWriter, folder: str) -> dict[str, Any]:
@@ -60,6 +79,12 @@ def pack_backend(backend: Backend, writer: CheckpointWriter, folder: str) -> dic
             return [pack(v) for v in value]
         if type(value) is tuple:
             return {TUPLE_MARK: [pack(v) for v in value]}
+        if not _torch_safe(value):
+            raise CheckpointError(
+                f"{backend.describe()}.to_dict() holds a {type(value).__module__}.{type(value).__qualname__}, which a "
+                "checkpoint cannot store safely (loading never unpickles objects): return JSON values, tensors, "
+                "dtypes or pathlib.Path artifacts"
+            )
         key = f"v{len(side)}"
         side[key] = value
         return {TORCH_MARK: key}
@@ -84,10 +109,18 @@ def unpack_backend_state(entry: dict[str, Any], reader: CheckpointReader) -> dic
     if not reader.verified:  # artifact paths go straight to engine/model loaders: never hand out unchecked files
         raise CheckpointError(f"checkpoint {reader.path}: verify() the checkpoint before unpacking backend states")
     side: dict[str, Any] = {}
-    if entry.get("state_file"):
-        side = reader.load_torch(entry["state_file"], weights_only=False)
+    state_file = entry.get("state_file")
+    if state_file is not None:
+        if not isinstance(state_file, str):
+            raise CheckpointError(f"checkpoint {reader.path}: malformed state_file {state_file!r} in the manifest")
+        side = reader.load_torch(state_file)  # weights_only=True: never executes code
         if not isinstance(side, dict):
-            raise CheckpointError(f"checkpoint {reader.path}: {entry['state_file']} does not hold a backend state")
+            raise CheckpointError(f"checkpoint {reader.path}: {state_file} does not hold a backend state")
+
+    def mark(value: dict[str, Any], name: str, kind: type) -> Any:
+        if len(value) != 1 or not isinstance(value[name], kind):
+            raise CheckpointError(f"checkpoint {reader.path}: malformed {name} marker in a backend state")
+        return value[name]
 
     def unpack(value: Any) -> Any:
         if isinstance(value, list):
@@ -95,14 +128,14 @@ def unpack_backend_state(entry: dict[str, Any], reader: CheckpointReader) -> dic
         if not isinstance(value, dict):
             return value
         if ARTIFACT_MARK in value:
-            return reader.resolve(value[ARTIFACT_MARK])
+            return reader.resolve(mark(value, ARTIFACT_MARK, str))
         if TORCH_MARK in value:
-            key = value[TORCH_MARK]
+            key = mark(value, TORCH_MARK, str)
             if key not in side:
                 raise CheckpointError(f"checkpoint {reader.path}: backend state value {key!r} is missing")
             return side[key]
         if TUPLE_MARK in value:
-            return tuple(unpack(v) for v in value[TUPLE_MARK])
+            return tuple(unpack(v) for v in mark(value, TUPLE_MARK, list))
         return {k: unpack(v) for k, v in value.items()}
 
     state = unpack(entry["state"])
@@ -111,10 +144,12 @@ def unpack_backend_state(entry: dict[str, Any], reader: CheckpointReader) -> dic
     return state
 
 
-def resolve_backend_class(type_name: str) -> type[Backend]:
+def resolve_backend_class(type_name: Any) -> type[Backend]:
     """The Backend class named in a checkpoint (see `aitune_core.backends.registry`)."""
     from aitune_core.backends.registry import backend_class
 
+    if not isinstance(type_name, str):
+        raise CheckpointError(f"checkpoint names a backend type that is not a string: {type_name!r}")
     try:
         return backend_class(type_name)
     except KeyError as exc:

@@ -16,12 +16,15 @@ Manifest keys written by this module:
 
 Writing is atomic: `CheckpointWriter` builds the checkpoint in a temporary folder beside the target and
 swaps it in with renames, so an interrupted save leaves either the previous checkpoint or nothing, never
-a half-written one.
+a half-written one. A target path that is a symlink is resolved first: the link stays, and the folder it
+points to is replaced.
 
 Trust: the checksums detect corruption, truncation, tampering with a single file, and a checkpoint that
 does not match the manifest. They do not authenticate the checkpoint: whoever can rewrite the files can
-rewrite the manifest too. Files loaded with `torch.load(weights_only=False)` can run arbitrary code, so
-load only checkpoints from a source you trust (as with any pickle-based format).
+rewrite the manifest too. Reading therefore never executes code from the checkpoint: the manifest is JSON,
+torch files are read only with `torch.load(weights_only=True)` (tensors, dtypes and plain containers; any
+other pickled object is refused), and every path stays inside the checkpoint folder: absolute paths, `..`,
+NUL characters and symlinks anywhere under the folder are refused (`CheckpointError`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "MANIFEST_FILE",
+    "MIN_FORMAT_VERSION",
     "CheckpointReader",
     "CheckpointWriter",
     "FileEntry",
@@ -57,7 +61,9 @@ __all__ = [
 _logger = logging.getLogger("aitune.checkpoint")
 
 FORMAT_NAME = "aitune-checkpoint"
-FORMAT_VERSION = 1
+#: 2: the manifest may hold "model" (the whole model's state); version 1 checkpoints are still read
+FORMAT_VERSION = 2
+MIN_FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 _CHUNK = 1 << 20
 
@@ -95,12 +101,39 @@ class FileEntry:
 
 def _check_relative(rel: str) -> str:
     """A manifest path must stay inside the checkpoint folder."""
-    if not isinstance(rel, str) or not rel:
+    if not isinstance(rel, str) or not rel or "\x00" in rel:
         raise CheckpointError(f"invalid path in checkpoint manifest: {rel!r}")
     pure = PurePosixPath(rel)
-    if pure.is_absolute() or ".." in pure.parts or "\\" in rel:
+    if pure.is_absolute() or ".." in rel.split("/") or "\\" in rel or ":" in pure.parts[0]:
         raise CheckpointError(f"path {rel!r} in checkpoint manifest points outside the checkpoint folder")
+    if pure.as_posix() in ("", ".") or pure.as_posix() == MANIFEST_FILE:
+        raise CheckpointError(f"invalid path in checkpoint manifest: {rel!r}")
     return pure.as_posix()
+
+
+def _inside(root: Path, rel: str) -> Path:
+    """`root / rel` after checking that no part of it below `root` is a symlink and that it resolves inside `root`
+    (`root` is already resolved)."""
+    current = root
+    for part in PurePosixPath(rel).parts:
+        current = current / part
+        if current.is_symlink():
+            raise CheckpointError(
+                f"checkpoint {root}: {rel} goes through the symlink {current.relative_to(root)}; checkpoints never "
+                "contain symlinks (refused: it could point outside the checkpoint folder)"
+            )
+    resolved = current.resolve()
+    if not resolved.is_relative_to(root):
+        raise CheckpointError(f"checkpoint {root}: {rel} resolves outside the checkpoint folder")
+    return current
+
+
+def _resolve_target(path: str | os.PathLike) -> Path:
+    """The folder a save writes: `path`, or what it points to when it is a symlink (the link itself stays)."""
+    target = Path(path).expanduser().absolute()
+    if target.is_symlink():
+        return Path(os.path.realpath(target))
+    return target
 
 
 def _is_checkpoint_folder(path: Path) -> bool:
@@ -121,7 +154,7 @@ class CheckpointWriter:
     """
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path).expanduser().absolute()
+        self.path = _resolve_target(path)
         if self.path.exists() and not self.path.is_dir():
             raise CheckpointError(f"cannot save a checkpoint to {self.path}: it exists and is not a folder")
         if self.path.is_dir() and any(self.path.iterdir()) and not _is_checkpoint_folder(self.path):
@@ -195,7 +228,8 @@ class CheckpointWriter:
         raise CheckpointError(f"artifact {src} does not exist; cannot copy it into the checkpoint")
 
     def write_torch(self, obj: Any, rel: str) -> FileEntry:
-        """`torch.save(obj)` into the checkpoint at `rel`."""
+        """`torch.save(obj)` into the checkpoint at `rel` (readers load it with `weights_only=True`: only tensors,
+        dtypes and plain containers of them can be read back)."""
         target = self._target(rel)
         torch.save(obj, target)
         return self._register(_check_relative(rel))
@@ -243,43 +277,62 @@ class CheckpointWriter:
         return self.path
 
 
+def _valid_file_info(info: Any) -> bool:
+    return (
+        isinstance(info, dict)
+        and isinstance(info.get("sha256"), str)
+        and len(info["sha256"]) == 64
+        and type(info.get("size")) is int
+        and info["size"] >= 0
+    )
+
+
 class CheckpointReader:
     """Reads and verifies a checkpoint folder. Every problem raises `CheckpointError` naming the file."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path).expanduser().absolute()
-        manifest_path = self.path / MANIFEST_FILE
         if not self.path.is_dir():
             raise CheckpointError(f"checkpoint folder {self.path} does not exist")
-        if not manifest_path.is_file():
+        self.root = self.path.resolve()  # the folder itself may be a symlink; nothing below it may be
+        manifest_path = self.path / MANIFEST_FILE
+        if not manifest_path.is_file() and not manifest_path.is_symlink():
             raise CheckpointError(f"{self.path} is not an aitune checkpoint: {MANIFEST_FILE} is missing")
+        _inside(self.root, MANIFEST_FILE)
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: {exc}") from exc
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
             raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: not an {FORMAT_NAME} manifest")
-        version = manifest.get("format_version")
-        if not isinstance(version, int):
-            raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: format_version missing")
-        if version > FORMAT_VERSION:
-            raise CheckpointError(
-                f"checkpoint {self.path} has format version {version}; this aitune reads up to {FORMAT_VERSION}. "
-                "Upgrade aitune to load it."
-            )
+        self._check_version(manifest.get("format_version"), manifest_path)
         files = manifest.get("files")
-        if not isinstance(files, dict) or not all(
-            isinstance(v, dict) and isinstance(v.get("sha256"), str) for v in files.values()
-        ):
+        if not isinstance(files, dict) or not all(_valid_file_info(v) for v in files.values()):
             raise CheckpointError(f"checkpoint manifest {manifest_path} is corrupt: file index missing or malformed")
         self.manifest: dict[str, Any] = manifest
         self._files: dict[str, dict[str, Any]] = {_check_relative(rel): info for rel, info in files.items()}
         self._verified = False
         self._warn_versions()
 
+    def _check_version(self, version: Any, manifest_path: Path) -> None:
+        if type(version) is not int:
+            raise CheckpointError(
+                f"checkpoint manifest {manifest_path} is corrupt: format_version must be an integer, got {version!r}"
+            )
+        if version < MIN_FORMAT_VERSION:
+            raise CheckpointError(
+                f"checkpoint manifest {manifest_path} is corrupt: format_version {version} does not exist "
+                f"(versions {MIN_FORMAT_VERSION}..{FORMAT_VERSION})"
+            )
+        if version > FORMAT_VERSION:
+            raise CheckpointError(
+                f"checkpoint {self.path} has format version {version}; this aitune reads up to {FORMAT_VERSION}. "
+                "Upgrade aitune to load it."
+            )
+
     def _warn_versions(self) -> None:
-        saved = self.manifest.get("versions") or {}
-        saved_torch = saved.get("torch")
+        saved = self.manifest.get("versions")
+        saved_torch = saved.get("torch") if isinstance(saved, dict) else None
         if saved_torch and saved_torch != torch.__version__:
             _logger.warning(
                 "Checkpoint %s was saved with torch %s; this process runs torch %s. Compiled artifacts may not load.",
@@ -300,9 +353,14 @@ class CheckpointReader:
     def verify(self) -> None:
         """Check that every indexed file exists and matches its sha256 (before anything is deserialized)."""
         for rel, info in self._files.items():
-            file = self.path / rel
+            file = _inside(self.root, rel)
             if not file.is_file():
                 raise CheckpointError(f"checkpoint {self.path} is incomplete: {rel} is missing")
+            if file.stat().st_size != info["size"]:
+                raise CheckpointError(
+                    f"size mismatch for {rel} in checkpoint {self.path}: expected {info['size']} bytes, found "
+                    f"{file.stat().st_size}; the file is truncated or was modified after saving"
+                )
             actual = sha256_file(file)
             if actual != info["sha256"]:
                 raise CheckpointError(
@@ -313,20 +371,34 @@ class CheckpointReader:
 
     def resolve(self, rel: str) -> Path:
         """Absolute path of a file or folder that the file index covers."""
+        if not isinstance(rel, str):
+            raise CheckpointError(f"checkpoint {self.path}: invalid path reference {rel!r} in the manifest")
         rel = _check_relative(rel)
         if rel not in self._files and not any(name.startswith(rel + "/") for name in self._files):
             raise CheckpointError(f"checkpoint {self.path} references {rel}, which is not covered by its checksums")
-        return self.path / rel
+        if rel not in self._files:  # a folder: everything in it must be indexed (and so verified)
+            self._check_folder(rel)
+        return _inside(self.root, rel)
 
-    def load_torch(self, rel: str, *, weights_only: bool, map_location: Any = None) -> Any:
-        """`torch.load` a verified file. With `weights_only=False` this unpickles: trusted checkpoints only."""
+    def _check_folder(self, rel: str) -> None:
+        folder = _inside(self.root, rel)
+        for item in folder.rglob("*"):
+            name = item.relative_to(self.root).as_posix()
+            if item.is_symlink():
+                raise CheckpointError(f"checkpoint {self.path}: {name} is a symlink; checkpoints never contain any")
+            if item.is_file() and name not in self._files:
+                raise CheckpointError(f"checkpoint {self.path}: {name} is not covered by its checksums")
+
+    def load_torch(self, rel: str, *, map_location: Any = None) -> Any:
+        """`torch.load(weights_only=True)` of a verified file: tensors, dtypes and plain containers only; a file
+        holding any other pickled object is refused (CheckpointError), never executed."""
         if not self._verified:
             raise CheckpointError("verify() the checkpoint before loading files from it")
         path = self.resolve(rel)
         if rel not in self._files:
             raise CheckpointError(f"checkpoint {self.path}: {rel} is a folder, not a file")
         try:
-            return torch.load(path, weights_only=weights_only, map_location=map_location)
+            return torch.load(path, weights_only=True, map_location=map_location)
         except Exception as exc:
             raise CheckpointError(
                 f"cannot load {rel} from checkpoint {self.path}: {type(exc).__name__}: {exc}"

@@ -165,6 +165,20 @@ def _precisions(module: Any, graph_spec: GraphSpec) -> str:
     return ", ".join(sorted(str(d) for d in dtypes)) or "-"
 
 
+def _identity(blueprint: Backend) -> tuple[str, str]:
+    """Description and key of a candidate for the report; a backend whose own describe()/key() raises still gets
+    a report (its failure is then reported by the steps that follow, inside the candidate's try)."""
+    try:
+        description = blueprint.describe()
+    except Exception:
+        description = type(blueprint).__name__
+    try:
+        key = blueprint.key()
+    except Exception:
+        key = type(blueprint).__name__
+    return description, key
+
+
 def _failure_message(name: str, graph_spec: GraphSpec, candidates: Sequence[CandidateReport]) -> str:
     if not candidates:
         return f"No backend to try for module `{name}` (graph {graph_spec.name}): the strategy has no backends"
@@ -214,7 +228,7 @@ class TuneStrategy(ABC):
         self._correctness_check = bool(enabled)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}([{', '.join(b.describe() for b in self._backends)}])"
+        return f"{type(self).__name__}([{', '.join(_identity(b)[0] for b in self._backends)}])"
 
     # -------------------------------------------------------------------------------------------- API
     def tune(
@@ -331,15 +345,15 @@ class TuneStrategy(ABC):
         `report.error`). `on_success(report, backend)` runs before the step's "⏱️ completed" line (strategies log
         "🎯 new best ..." there). With `reraise`, the original exception propagates after it is logged.
         """
-        description = blueprint.describe()
-        report = CandidateReport(description=description, key=blueprint.key())
+        description, key = _identity(blueprint)
+        report = CandidateReport(description=description, key=key)
         _logger.info("🤖 backend: %s", description)
         _logger.info("🔄 in progress...please wait")
         backend: Backend | None = None
         start = time.perf_counter()
         try:
             with timed(_logger):
-                try:
+                try:  # every per-candidate step: a backend that cannot even be copied is a candidate failure
                     backend = blueprint.blueprint_copy()
                     with progress(f"Building {description}"):
                         backend.build(module, graph_spec, data, device, cache_dir / backend.key())
@@ -362,6 +376,8 @@ class TuneStrategy(ABC):
                             measurement.batch_size,
                             measurement.latency_ms,
                         )
+                    if on_success is not None:
+                        on_success(report, backend)
                 except Exception as exc:
                     report.error = f"{type(exc).__name__}: {exc}"
                     _logger.warning("❌ backend %s failed: %s", description, report.error)
@@ -369,8 +385,6 @@ class TuneStrategy(ABC):
                     backend = None
                     if reraise:
                         raise
-                if backend is not None and on_success is not None:
-                    on_success(report, backend)
         finally:
             report.duration_s = time.perf_counter() - start
         return report, backend
@@ -386,7 +400,7 @@ class TuneStrategy(ABC):
             else:
                 Backend._free_memory()
         except Exception as exc:  # releasing must never hide the real outcome
-            _logger.debug("Could not deactivate %s: %s", backend.describe(), exc)
+            _logger.debug("Could not deactivate %s: %s", _identity(backend)[0], exc)
 
     @staticmethod
     def _failed(name: str, graph_spec: GraphSpec, candidates: list[CandidateReport]) -> TuningFailedError:
@@ -420,7 +434,7 @@ class TuneStrategy(ABC):
         _logger.info("    description: %s", self.description)
         _logger.info("    backends:")
         for backend in self._backends:
-            _logger.info("      %s", backend.describe())
+            _logger.info("      %s", _identity(backend)[0])
 
     def _log_selected(self, report: TuneReport, name: str, graph_spec: GraphSpec) -> None:
         _logger.info("🎯 Strategy %s execution finished:", type(self).__name__)
