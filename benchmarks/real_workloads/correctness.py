@@ -5,10 +5,13 @@
 
 Each workload (`workload.py`) runs twice in fresh processes: plainly, and as the same unmodified script under
 `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` (default JIT configuration; `--precision bf16` sets
-`AITUNE_JIT_PRECISION=bf16`). Compared per call: generated tokens (must be identical), scores and UNet outputs
-(max abs error and whole-tensor relative error against the plain run, checked against aitune's tolerance for
-the device: fp32 with TF32 allowed on CUDA rtol=1e-2, atol=1e-3; bf16 5e-2), output types, and the exit code
-and ERROR lines of the tuned run. Wall times of the first call and of the whole run are reported side by side.
+`AITUNE_JIT_PRECISION=bf16`). Compared per call: generated tokens (must be identical) and scores; UNet outputs
+against plain eager run on the JIT run's own inputs (a third process replays them: the denoising trajectories
+of two runs drift apart from the first rounding difference, a random-weight UNet under guidance 7.5 amplifying
+it, so only same-input comparisons measure a call's error), checked against aitune's tolerance for the device
+(fp32 with TF32 allowed on CUDA rtol=1e-2, atol=1e-3; bf16 5e-2): whole-tensor relative error within rtol and at
+most 0.1 % of elements outside the elementwise bound; output types; the exit code and ERROR lines of the tuned
+run. Wall times of the first call and of the whole run are reported side by side.
 The result file carries device, date, torch version and git commit; it is written to `--out`, by default a new
 file under benchmarks/results/ (never an existing one).
 """
@@ -32,11 +35,15 @@ HERE = Path(__file__).resolve().parent
 SCRIPT = HERE / "workload.py"
 RESULTS = HERE.parent / "results"
 TOLERANCE = {"fp32": (1e-2, 1e-3), "bf16": (5e-2, 5e-2)}
+OUTLIER_FRACTION = 1e-3
 _ERROR_LINE = re.compile(r"(^|\s)(ERROR|CRITICAL)\b|Traceback \(most recent call last\)", re.MULTILINE)
 
 
-def _run(workload: str, args: argparse.Namespace, jit: bool, scratch: Path) -> dict[str, Any]:
-    out = scratch / f"{workload}-{'jit' if jit else 'plain'}.pt"
+def _run(
+    workload: str, args: argparse.Namespace, jit: bool, scratch: Path, replay: Path | None = None
+) -> dict[str, Any]:
+    role = "replay" if replay is not None else ("jit" if jit else "plain")
+    out = scratch / f"{workload}-{role}.pt"
     env = {k: v for k, v in os.environ.items() if k != "AUTOWRAPT_BOOTSTRAP" and not k.startswith("AITUNE_JIT_")}
     env["AITUNE_JIT_CACHE_DIR"] = str(scratch / "jit-cache")
     if jit:
@@ -44,9 +51,11 @@ def _run(workload: str, args: argparse.Namespace, jit: bool, scratch: Path) -> d
         if args.precision == "bf16":
             env["AITUNE_JIT_PRECISION"] = "bf16"
     command = [sys.executable, str(SCRIPT), workload, "--out", str(out), "--size", args.size, "--device", args.device]
+    if replay is not None:
+        command += ["--replay", str(replay)]
     log_dir = args.log_dir or scratch
     log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{workload}-{'jit' if jit else 'plain'}.stderr.txt"
+    log = log_dir / f"{workload}-{role}.stderr.txt"
     with log.open("w") as sink:  # streamed: a run cut short still leaves what it printed
         done = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
     stderr = log.read_text(errors="replace")
@@ -61,6 +70,7 @@ def _run(workload: str, args: argparse.Namespace, jit: bool, scratch: Path) -> d
         result["summary"] = stderr[stderr.find("aitune JIT tuning summary") :].splitlines()[:40]
     if done.returncode == 0:
         result["observed"] = torch.load(out)
+        result["path"] = out
     return result
 
 
@@ -70,8 +80,12 @@ def _relative(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
 
 
 def _within(got: torch.Tensor, want: torch.Tensor, precision: str) -> bool:
+    """Whole-tensor relative error within rtol, and at most 0.1 % of the elements outside `atol + rtol*|ref|`
+    (isolated near-zero elements; see the README's Tolerances)."""
     rtol, atol = TOLERANCE[precision]
-    return bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol))
+    got, want = got.double(), want.double()
+    outside = ((got - want).abs() > atol + rtol * want.abs()).double().mean()
+    return bool(_relative(got, want)[1] <= rtol and float(outside) <= OUTLIER_FRACTION)
 
 
 def _compare_generate(plain: dict[str, Any], jit: dict[str, Any], precision: str) -> dict[str, Any]:
@@ -85,23 +99,30 @@ def _compare_generate(plain: dict[str, Any], jit: dict[str, Any], precision: str
     return {"ok": ok, "calls": calls}
 
 
-def _compare_unet(plain: dict[str, Any], jit: dict[str, Any], precision: str) -> dict[str, Any]:
+def _compare_unet(plain: dict[str, Any], jit: dict[str, Any], precision: str,
+                  replay: dict[str, Any] | None) -> dict[str, Any]:
+    """Per call: the JIT run's output against plain eager on the same inputs (`replay`); the trajectories of the
+    two runs (final latents, per-call drift) are reported too, for information."""
+    reference = replay["calls"] if replay is not None else plain["calls"]
     calls = []
-    for index, (a, b) in enumerate(zip(plain["calls"], jit["calls"])):
+    for index, (a, b, p) in enumerate(zip(reference, jit["calls"], plain["calls"])):
         max_abs, rel = _relative(b["sample"], a["sample"])
-        calls.append({"call": index, "type_preserved": a["type"] == b["type"] and a["sample_type"] == b["sample_type"],
+        calls.append({"call": index, "type_preserved": p["type"] == b["type"] and p["sample_type"] == b["sample_type"],
                       "type": b["type"], "max_abs": max_abs, "rel": rel,
-                      "within_tolerance": _within(b["sample"], a["sample"], precision)})
+                      "within_tolerance": _within(b["sample"], a["sample"], precision),
+                      "trajectory_rel": _relative(b["sample"], p["sample"])[1]})
     images = [_relative(b, a) for a, b in zip(plain["images"], jit["images"])]
     ok = len(calls) == len(plain["calls"]) and all(c["type_preserved"] and c["within_tolerance"] for c in calls)
-    return {"ok": ok, "calls": calls, "images_max_abs_rel": images}
+    return {"ok": ok, "reference": "replay" if replay is not None else "plain run", "calls": calls,
+            "images_max_abs_rel": images}
 
 
-def compare(workload: str, plain: dict[str, Any], jit: dict[str, Any], precision: str) -> dict[str, Any]:
+def compare(workload: str, plain: dict[str, Any], jit: dict[str, Any], precision: str,
+            replay: dict[str, Any] | None = None) -> dict[str, Any]:
     if "tokens" in plain:
         return _compare_generate(plain, jit, precision)
     if "calls" in plain:
-        return _compare_unet(plain, jit, precision)
+        return _compare_unet(plain, jit, precision, replay)
     raise ValueError(f"no comparison for {workload}")
 
 
@@ -158,7 +179,11 @@ def main() -> int:
                                    "history": jit.get("history", []), "summary": jit.get("summary", []),
                                    "stderr_tail": jit["stderr_tail"] or plain["stderr_tail"]}
             if "observed" in plain and "observed" in jit:
-                row["comparison"] = compare(workload, plain["observed"], jit["observed"], args.precision)
+                replay = None
+                if workload == "unet":  # plain eager on the JIT run's own inputs, call by call
+                    replayed = _run(workload, args, False, Path(scratch), replay=jit["path"])
+                    replay = replayed.get("observed")
+                row["comparison"] = compare(workload, plain["observed"], jit["observed"], args.precision, replay)
                 row["plain_timing"], row["jit_timing"] = _timing(plain["observed"]), _timing(jit["observed"])
             row["ok"] = bool(row.get("comparison", {}).get("ok")) and not row["error_lines"]
             rows.append(row)
