@@ -167,7 +167,8 @@ def test_closeness_summary_and_all_zero_reference():
 
 
 def test_criterion_validates_its_knobs_and_follows_the_config():
-    for bad in ({"outlier_fraction": 1.5}, {"outlier_fraction": -0.1}, {"outlier_cap": math.inf}, {"outlier_cap": True}):
+    for bad in ({"outlier_fraction": 1.5}, {"outlier_fraction": -0.1}, {"outlier_cap": math.inf},
+                {"outlier_cap": True}):
         with pytest.raises(ValueError):
             Criterion(**bad)
     assert Criterion.from_config() == Criterion()
