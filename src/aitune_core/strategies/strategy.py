@@ -25,8 +25,11 @@ terminal, so logs captured by tests or CI never contain control sequences (set `
 off on a terminal too).
 
 A failing candidate (any exception from build, validation or profiling) is logged as a WARNING with its cause
-and recorded in its `CandidateReport.error`; when no candidate succeeds, `TuningFailedError` lists every
-candidate's cause. `OneBackendStrategy` instead re-raises the original exception.
+and recorded in its `CandidateReport.error`; a candidate rejected because its values were not close enough also
+gets `CandidateReport.closeness` (one line: relative L2 error and limit, elements outside the element-wise
+tolerance and how many were allowed, worst error and its cap). When no candidate succeeds, `TuningFailedError`
+lists every candidate's cause in one line (for values not close enough: the closeness). `OneBackendStrategy`
+instead re-raises the original exception.
 
 Custom strategies implement `_tune(...)` and may return either a `TuneReport` or (as in the seed's documentation)
 just the tuned `Backend`; `_pre_tune` / `_post_tune` run before and after it.
@@ -47,8 +50,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_core.backends.backend import Backend, BackendState
-from aitune_core.errors import TuningFailedError
+from aitune_core.errors import TuningFailedError, ValidationError
 from aitune_core.log import get_logger, timed
+from aitune_core.validation.criterion import OutputMismatchError
 from aitune_core.validation.validator import validate_backend
 
 if TYPE_CHECKING:
@@ -71,6 +75,10 @@ class CandidateReport:
     built: bool = False
     validated: bool = False
     error: str | None = None
+    #: for a candidate rejected because its values were not close enough: how close it came, e.g.
+    #: "output[0]: rel L2 error 0.0031 (limit 0.001); 40/32768 elements outside rtol=0.001, atol=0.0001
+    #: (allowed 32); max abs error 0.012 (cap 0.0041)"
+    closeness: str | None = None
     latency_ms: float | None = None
     throughput: float | None = None
     batch_size: int | None = None
@@ -164,15 +172,34 @@ def _precisions(module: Any, graph_spec: GraphSpec) -> str:
     return ", ".join(sorted(str(d) for d in dtypes)) or "-"
 
 
+def _error_text(exc: BaseException) -> str:
+    """`Type: message`; validation failures of every kind are named `ValidationError`, their public class."""
+    name = "ValidationError" if isinstance(exc, ValidationError) else type(exc).__name__
+    return f"{name}: {exc}"
+
+
+def _closeness(exc: BaseException) -> str | None:
+    """How close a candidate rejected for its values came (`OutputMismatchError.closeness_summary()`)."""
+    return exc.closeness_summary() if isinstance(exc, OutputMismatchError) else None
+
+
 def _indent(text: str, prefix: str = "    ") -> str:
     return "\n".join(prefix + line if line else line for line in text.splitlines())
+
+
+def _cause(candidate: CandidateReport) -> str:
+    """A candidate's failure in one line; for values not close enough, how close they came (the full message,
+    with indices and values, is in the candidate's WARNING and `CandidateReport.error`)."""
+    if candidate.closeness:
+        return f"ValidationError: values not close enough: {candidate.closeness}"
+    return candidate.error or "not selected"
 
 
 def _failure_message(name: str, graph_spec: GraphSpec, candidates: Sequence[CandidateReport]) -> str:
     if not candidates:
         return f"No backend to try for module `{name}` (graph {graph_spec.name}): the strategy has no backends"
     lines = [f"No backend could be built and validated for module `{name}` (graph {graph_spec.name}):"]
-    lines += [f"  - {c.description}: {c.error or 'not selected'}" for c in candidates]
+    lines += [f"  - {c.description}: {_cause(c)}" for c in candidates]
     return "\n".join(lines)
 
 
@@ -369,7 +396,8 @@ class TuneStrategy(ABC):
                             measurement.latency_ms,
                         )
                 except Exception as exc:
-                    report.error = f"{type(exc).__name__}: {exc}"
+                    report.error = _error_text(exc)
+                    report.closeness = _closeness(exc)
                     _logger.warning("❌ backend %s failed: %s", description, report.error)
                     self._discard(backend)
                     backend = None
