@@ -24,9 +24,10 @@ def _sample(**kwargs):
 
 def test_copies_are_private_and_keep_layout():
     x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
-    cache, lock = _Cache(), _Lock()
-    sample = Sample(args=(x, 3), kwargs={"cache": cache, "lock": lock, "mask": {"m": torch.ones(2, dtype=torch.bool)}})
+    cache, lock, layer = _Cache(), _Lock(), torch.nn.Linear(2, 2)
+    sample = Sample(args=(x, 3, layer), kwargs={"cache": cache, "lock": lock, "mask": {"m": torch.ones(2, dtype=bool)}})
     args, kwargs = copy_inputs(sample, None)
+    assert args[2] is layer  # a module argument is the model, shared
     assert args[0] is not x and torch.equal(args[0], x) and args[0].stride() == x.stride()
     assert args[1] == 3
     assert kwargs["cache"] is not cache and isinstance(kwargs["cache"], _Cache)

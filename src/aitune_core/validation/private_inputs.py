@@ -3,7 +3,7 @@
 Validation must not change the recorded samples (other candidates are validated with them after this one), so a
 backend never sees the sample's own objects: every tensor is copied (moved to the backend's device, layout kept)
 and every other argument object that can be deep-copied is (a cache object, a dict the module reads back);
-plain constants are shared. After the call, `PrivateInputs` tells
+plain constants, modules (the model, not the call's data) and classes are shared. After the call, `PrivateInputs` tells
 
 - whether the backend changed its inputs: a tensor's values changed in place, or a tensor put into, replaced in or
   removed from an argument object. A backend may only do that when the original module does it too
@@ -41,7 +41,7 @@ _SHARED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch
 def _copy_leaf(leaf: Any, device: torch.device | None) -> Any:
     if isinstance(leaf, torch.Tensor):
         return leaf.detach().to(device=device, copy=True) if device is not None else leaf.detach().clone()
-    if isinstance(leaf, _SHARED):
+    if isinstance(leaf, _SHARED) or callable(leaf):  # modules, classes, functions
         return leaf
     try:
         return copy.deepcopy(leaf)
