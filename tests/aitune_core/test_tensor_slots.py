@@ -1,9 +1,10 @@
 import dataclasses
 
+import pytest
 import torch
 
 from aitune_core.validation import tensor_slots as slots_module
-from aitune_core.validation.tensor_slots import count_changed, tensor_slots
+from aitune_core.validation.tensor_slots import count_changed, snapshot, tensor_slots
 
 
 class _Layer:
@@ -66,3 +67,20 @@ def test_count_changed():
     assert count_changed(base[:2], base) == 3  # another shape: every element counts
     assert count_changed(torch.tensor([1, 2]), torch.tensor([1, 3])) == 1
     assert count_changed(torch.empty(0), torch.empty(0)) == 0
+
+
+class _Incomparable(torch.Tensor):
+    def __ne__(self, other):
+        raise NotImplementedError("no element-wise comparison")
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+def test_snapshots_of_sparse_quantized_and_incomparable_tensors():
+    sparse = torch.eye(3).to_sparse()
+    copy = snapshot(sparse)
+    assert copy is not None and count_changed(sparse, copy) == 0
+    quantized = torch.quantize_per_tensor(torch.tensor([0.5, 1.0]), 0.1, 0, torch.quint8)
+    copy = snapshot(quantized)
+    assert copy is not None and count_changed(quantized, copy) == 0
+    assert count_changed(torch.quantize_per_tensor(torch.tensor([0.5, 2.0]), 0.1, 0, torch.quint8), copy) == 1
+    assert snapshot(torch.ones(2).as_subclass(_Incomparable)) is None

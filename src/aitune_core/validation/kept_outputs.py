@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from aitune_core.errors import ValidationError
-from aitune_core.validation.tensor_slots import count_changed, tensor_slots
+from aitune_core.validation.tensor_slots import count_changed, snapshot, tensor_slots
 
 REUSE_MESSAGE = "output buffer reused / overwritten by a later call"
 
@@ -34,16 +34,18 @@ class KeptOutputs:
             if id(tensor) in seen:
                 continue
             seen.add(id(tensor))
-            self._kept.append((path, tensor, tensor.detach().clone()))
+            values = snapshot(tensor)
+            if values is not None:
+                self._kept.append((path, tensor, values))
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def check(self, later: str, where: str) -> None:
         """Raise `ValidationError` when a kept tensor no longer holds its values after `later` (e.g. "sample 1") ran."""
-        for path, tensor, snapshot in self._kept:
+        for path, tensor, values in self._kept:
             try:
-                changed = count_changed(tensor, snapshot)
+                changed = count_changed(tensor, values)
             except Exception as exc:
                 raise ValidationError(
                     f"{where}: {REUSE_MESSAGE}: {path} returned for {self.label} cannot be read after {later} ran "
@@ -52,7 +54,7 @@ class KeptOutputs:
             if changed:
                 raise ValidationError(
                     f"{where}: {REUSE_MESSAGE}: {path} returned for {self.label} changed when {later} ran "
-                    f"({changed}/{max(snapshot.numel(), 1)} elements differ); a caller that keeps an output (a KV "
+                    f"({changed}/{max(values.numel(), 1)} elements differ); a caller that keeps an output (a KV "
                     "cache, the previous step of a loop) would see it change, so the backend must return tensors it "
                     "never writes again (e.g. copy CUDA-graph outputs)"
                 )

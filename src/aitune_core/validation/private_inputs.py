@@ -28,7 +28,7 @@ import torch
 from aitune_core.errors import ValidationError
 from aitune_core.log import get_logger
 from aitune_core.specs.tree import flatten_values, unflatten
-from aitune_core.validation.tensor_slots import count_changed, tensor_slots
+from aitune_core.validation.tensor_slots import count_changed, snapshot, tensor_slots
 
 if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
@@ -91,7 +91,7 @@ class PrivateInputs:
         self.args, self.kwargs = copy_inputs(sample, device, perturb=perturb)
         self.mutates_inputs = bool(getattr(sample, "mutates_inputs", False))
         self._before = self._slots()
-        self._snapshots = {path: tensor.detach().clone() for path, tensor in self._before.items()}
+        self._snapshots = {path: snapshot(tensor) for path, tensor in self._before.items()}
 
     def _slots(self) -> dict[str, torch.Tensor]:
         return {**tensor_slots(self.args, "args"), **tensor_slots(self.kwargs, "kwargs")}
@@ -109,7 +109,7 @@ class PrivateInputs:
             elif tensor is not before:
                 changes.append(f"{path} was replaced")
                 written.append((path, tensor))
-            else:
+            elif self._snapshots[path] is not None:
                 changed = count_changed(tensor, self._snapshots[path])
                 if changed:
                     changes.append(f"{path} changed in place ({changed}/{tensor.numel()} elements)")

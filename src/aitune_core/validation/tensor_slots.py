@@ -73,15 +73,36 @@ def _children(item: Any) -> list[tuple[str, Any]]:
         return []
 
 
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """A strided, unquantized view of the values (sparse tensors densified, quantized ones dequantized)."""
+    tensor = tensor.detach()
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    if tensor.is_quantized:
+        tensor = tensor.dequantize()
+    return tensor
+
+
 def count_changed(current: torch.Tensor, snapshot: torch.Tensor) -> int:
     """How many elements of `current` differ from `snapshot` (NaN equals NaN; a new shape or dtype: all of them)."""
     if current.shape != snapshot.shape or current.dtype != snapshot.dtype:
         return max(current.numel(), snapshot.numel(), 1)
     if current.numel() == 0:
         return 0
-    current = current.detach()
-    snapshot = snapshot.to(current.device)
+    current = _plain(current)
+    snapshot = _plain(snapshot).to(current.device)
     differ = current != snapshot
     if current.is_floating_point() or current.is_complex():
         differ &= ~(torch.isnan(current) & torch.isnan(snapshot))
     return int(differ.sum())
+
+
+def snapshot(tensor: torch.Tensor) -> torch.Tensor | None:
+    """A private clone of `tensor`'s values that `count_changed` can compare it with; None when it cannot be
+    compared (a tensor type without element-wise comparison): such a tensor is not watched."""
+    try:
+        copy = tensor.detach().clone()
+        count_changed(tensor, copy)
+    except Exception:
+        return None
+    return copy
