@@ -13,7 +13,7 @@ from aitune_core.validation.criterion import (
     FloatComparison,
     OutputMismatchError,
 )
-from aitune_core.validation.tolerance import Tolerance, default_tolerance, quantized_tolerance
+from aitune_core.validation.tolerance import TF32_TOLERANCE, Tolerance, default_tolerance, quantized_tolerance
 from aitune_core.validation.validator import validate_output
 
 
@@ -176,3 +176,28 @@ def test_criterion_validates_its_knobs_and_follows_the_config():
     with config.override(outlier_fraction=0.5, outlier_cap=3):
         assert Criterion.from_config() == Criterion(0.5, 3.0)
     assert Criterion(1e-3).allowed_outliers(32768) == 32 and Criterion(1e-3).allowed_outliers(999) == 0
+
+
+def test_the_tf32_unet_case_passes_and_a_wrong_element_in_it_fails():
+    """1 near-zero element of 32768 outside atol under TF32, whole-tensor relative error ~7e-4 (a UNet build)."""
+    ref = _reference()
+    index = _near_zero(ref, 1)
+    noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1))
+    out = ref * (1 + 7e-4 * noise) + 1e-4 * noise.flip(0)  # relative L2 error ~7e-4
+    out[index] = ref[index] + 2e-3  # 2x atol off
+    with config.override(outlier_fraction=0.0):
+        assert _mismatch(out, ref, tolerance=lambda dtype: TF32_TOLERANCE).closeness.outliers == 1
+    validate_output(out, ref, None, lambda dtype: TF32_TOLERANCE)
+    out[index] = 0.5  # the same element wrong by a lot
+    closeness = _mismatch(out, ref, lambda dtype: TF32_TOLERANCE).closeness
+    assert closeness.failed_checks == ["an element off by more than the cap"]
+
+
+def test_an_exact_float_tolerance_allows_no_outlier():
+    ref = _reference()
+    with config.override(rtol=0.0, atol=0.0):
+        validate_output(ref.clone(), ref, None, tol_fn)
+        out = ref.clone()
+        out[5] = torch.nextafter(ref[5], torch.tensor(math.inf))  # one ulp
+        closeness = _mismatch(out, ref).closeness
+    assert closeness.cap == 0 and closeness.outliers == 1
