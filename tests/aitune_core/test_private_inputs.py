@@ -35,14 +35,17 @@ def test_copies_are_private_and_keep_layout():
     assert kwargs["mask"]["m"] is not sample.kwargs["mask"]["m"]
 
 
-def test_perturbed_copies_change_floats_only():
-    sample = Sample(args=(torch.tensor([1.0, float("-inf"), 3.0]), torch.tensor([4, 5])))
+def test_perturbed_copies_shuffle_floats_only_and_keep_values_and_strides():
+    x = torch.arange(24.0).reshape(2, 3, 2, 2).to(memory_format=torch.channels_last)
+    sample = Sample(args=(x, torch.tensor([1.0, float("-inf"), 3.0]), torch.tensor([4, 5])))
     args, _ = copy_inputs(sample, None, perturb=True)
-    assert not torch.equal(args[0][[0, 2]], sample.args[0][[0, 2]])
-    assert args[0][1] == float("-inf")
-    assert torch.equal(args[1], sample.args[1])
+    assert not torch.equal(args[0], x) and args[0].stride() == x.stride()
+    assert torch.equal(args[0].reshape(-1).sort().values, x.reshape(-1).sort().values)  # the same values
+    assert sorted(args[1].tolist()) == sorted(sample.args[1].tolist())
+    assert torch.equal(args[2], sample.args[2])  # integers untouched
     again, _ = copy_inputs(sample, None, perturb=True)
     assert torch.equal(again[0], args[0])  # deterministic
+    assert torch.equal(sample.args[0], x)  # the sample keeps its values
     assert has_floating_tensors(sample) and not has_floating_tensors(Sample(args=(torch.tensor([1]),)))
 
 

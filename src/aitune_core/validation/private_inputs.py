@@ -3,7 +3,8 @@
 Validation must not change the recorded samples (other candidates are validated with them after this one), so a
 backend never sees the sample's own objects: every tensor is copied (moved to the backend's device, layout kept)
 and every other argument object that can be deep-copied is (a cache object, a dict the module reads back);
-plain constants, modules (the model, not the call's data) and classes are shared. After the call, `PrivateInputs` tells
+plain constants, modules (the model, not the call's data) and classes are shared. After the call, `PrivateInputs`
+tells
 
 - whether the backend changed its inputs: a tensor's values changed in place, or a tensor put into, replaced in or
   removed from an argument object. A backend may only do that when the original module does it too
@@ -12,10 +13,12 @@ plain constants, modules (the model, not the call's data) and classes are shared
 - which tensors the backend wrote into argument objects (new or replaced ones): the caller can keep those just
   like outputs, so the output-aliasing check of `kept_outputs.py` watches them too.
 
-`perturb=True` gives inputs with different values and the same shapes: each floating tensor the call walks gets
-deterministic noise of 10 % of its mean magnitude (NaN and infinities stay). A backend that reuses one output
-buffer per input shape returns the same values for the same inputs, so only a call with other values shows that
-the buffer is written again; noise, unlike a scale or a shift, is not undone by a normalization layer.
+`perturb=True` gives inputs with different values and the same shapes: the elements of each floating tensor
+the call walks are shuffled by a fixed permutation. A backend that reuses one output buffer per input shape returns
+the same values for the same inputs, so only a call with other values shows that the buffer is written again. A
+shuffle keeps the set of values, so a float that the model turns into an index or a timestep stays in its range
+(noise could push an index out of range, and on a GPU an out-of-range index is a device-side assert that ends the
+process), and unlike a scale or a shift it is not undone by a normalization layer.
 """
 
 from __future__ import annotations
@@ -51,14 +54,12 @@ def _copy_leaf(leaf: Any, device: torch.device | None) -> Any:
 
 
 def _perturbed(tensor: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    if not tensor.is_floating_point() or tensor.numel() == 0:
+    if not tensor.is_floating_point() or tensor.numel() < 2:
         return tensor
-    finite = tensor[torch.isfinite(tensor)]
-    scale = float(finite.abs().mean()) if finite.numel() else 0.0
     try:
-        noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float32).to(tensor.device, tensor.dtype)
-        return tensor.add_(noise, alpha=0.1 * (scale if scale > 0 else 1.0))
-    except Exception:  # a dtype without arithmetic (float8): left as it is
+        order = torch.randperm(tensor.numel(), generator=generator).to(tensor.device)
+        return tensor.copy_(tensor.reshape(-1)[order].reshape(tensor.shape))  # in place: the strides stay
+    except Exception:  # a dtype without indexing, an expanded tensor: left as it is
         return tensor
 
 
@@ -67,7 +68,7 @@ def copy_inputs(
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """Private `(args, kwargs)` for one backend call: tensors copied to `device`, other objects deep-copied.
 
-    `perturb`: floating tensors get noise (see the module docstring).
+    `perturb`: the elements of floating tensors are shuffled (see the module docstring).
     """
     leaves, treedef = flatten_values((tuple(sample.args), dict(sample.kwargs)))
     copies = [_copy_leaf(leaf, device) for leaf in leaves]

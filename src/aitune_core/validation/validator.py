@@ -115,14 +115,14 @@ def _run_repeat(
     tolerance_fn: ToleranceFn,
     criterion: Criterion,
 ) -> None:
-    """Sample 0 once more, on inputs with other values when it has floating tensors, then the aliasing check.
+    """Sample 0 once more, its floating inputs shuffled when it has any, then the aliasing check.
 
     A backend that keeps one output buffer per input shape overwrites sample 0's outputs here even when no other
-    sample has sample 0's shapes. Perturbed inputs are not a recorded call, so that output is not compared with
+    sample has sample 0's shapes. Shuffled inputs are not a recorded call, so that output is not compared with
     anything, and a failure of the call only means the inputs did not suit the model: the aliasing check still runs.
     """
     perturb = has_floating_tensors(sample)
-    label = "sample 0 with perturbed inputs" if perturb else "sample 0 run again"
+    label = "sample 0 with shuffled inputs" if perturb else "sample 0 run again"
     where = f"{backend.describe()} (graph {graph_spec.name}, {label})"
     inputs = PrivateInputs(sample, backend.device, perturb=perturb)
     try:
