@@ -11,7 +11,7 @@ from aitune_core.validation.criterion import (
     DEFAULT_OUTLIER_FRACTION,
     Criterion,
     FloatComparison,
-    OutputMismatchError,
+    mismatch_error,
 )
 from aitune_core.validation.tolerance import TF32_TOLERANCE, Tolerance, default_tolerance, quantized_tolerance
 from aitune_core.validation.validator import validate_output
@@ -33,8 +33,8 @@ def _near_zero(ref, count):
     return index
 
 
-def _mismatch(out, ref, tolerance=tol_fn, criterion=None) -> OutputMismatchError:
-    with pytest.raises(OutputMismatchError) as info:
+def _mismatch(out, ref, tolerance=tol_fn, criterion=None) -> ValidationError:
+    with pytest.raises(ValidationError) as info:
         validate_output(out, ref, None, tolerance, criterion=criterion)
     return info.value
 
@@ -123,7 +123,7 @@ def test_integers_stay_exact_and_quantized_backends_keep_their_wider_tolerance()
     with pytest.raises(ValidationError, match="exact match required"):
         validate_output(wrong, ints, None, tol_fn)
     ref = _reference(numel=4096)
-    with pytest.raises(OutputMismatchError):
+    with pytest.raises(ValidationError, match="outside tolerance"):
         validate_output(ref * 1.05, ref, None, tol_fn)
     validate_output(ref * 1.05, ref, None, quantized_tolerance)
 
@@ -162,8 +162,9 @@ def test_closeness_summary_and_all_zero_reference():
     assert math.isinf(closeness.rel_l2) and closeness.cap == pytest.approx(1e-4)
     assert not closeness.accepted
     assert closeness.summary().startswith("rel L2 error inf (limit inf); 1/4 elements outside rtol=0.001, atol=0.0001")
-    error = OutputMismatchError("m", closeness, where="output[0]")
-    assert error.closeness_summary().startswith("output[0]: rel L2 error inf")
+    error = mismatch_error("m", closeness, where="output[0]")
+    assert type(error) is ValidationError and error.closeness is closeness
+    assert error.closeness_summary.startswith("output[0]: rel L2 error inf")
 
 
 def test_criterion_validates_its_knobs_and_follows_the_config():

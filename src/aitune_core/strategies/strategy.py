@@ -52,7 +52,6 @@ import torch
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.errors import TuningFailedError, ValidationError
 from aitune_core.log import get_logger, timed
-from aitune_core.validation.criterion import OutputMismatchError
 from aitune_core.validation.validator import validate_backend
 
 if TYPE_CHECKING:
@@ -172,15 +171,10 @@ def _precisions(module: Any, graph_spec: GraphSpec) -> str:
     return ", ".join(sorted(str(d) for d in dtypes)) or "-"
 
 
-def _error_text(exc: BaseException) -> str:
-    """`Type: message`; validation failures of every kind are named `ValidationError`, their public class."""
-    name = "ValidationError" if isinstance(exc, ValidationError) else type(exc).__name__
-    return f"{name}: {exc}"
-
-
 def _closeness(exc: BaseException) -> str | None:
-    """How close a candidate rejected for its values came (`OutputMismatchError.closeness_summary()`)."""
-    return exc.closeness_summary() if isinstance(exc, OutputMismatchError) else None
+    """How close a candidate rejected for its values came (`closeness_summary` of `criterion.mismatch_error`)."""
+    summary = getattr(exc, "closeness_summary", None) if isinstance(exc, ValidationError) else None
+    return summary if isinstance(summary, str) else None
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
@@ -396,7 +390,7 @@ class TuneStrategy(ABC):
                             measurement.latency_ms,
                         )
                 except Exception as exc:
-                    report.error = _error_text(exc)
+                    report.error = f"{type(exc).__name__}: {exc}"
                     report.closeness = _closeness(exc)
                     _logger.warning("❌ backend %s failed: %s", description, report.error)
                     self._discard(backend)

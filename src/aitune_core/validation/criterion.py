@@ -24,8 +24,9 @@ infinite) always fails. Integer and bool outputs are compared exactly elsewhere 
 
 `FloatComparison` accumulates the statistics chunk by chunk (float64 copies of whole outputs are never needed at
 once) and `Closeness` is the result: whether the tensor passed and, when it did not, how close it came (relative L2
-error and its limit, outlier count and allowance, worst error and its cap). `OutputMismatchError` carries it, so a
-strategy can report how close a rejected candidate was.
+error and its limit, outlier count and allowance, worst error and its cap). `mismatch_error` makes the
+`ValidationError` that carries it (attributes `closeness` and `closeness_summary`), so a strategy can report how
+close a rejected candidate was.
 """
 
 from __future__ import annotations
@@ -128,18 +129,17 @@ def _ratio(numerator: float, denominator: float) -> float:
     return 0.0 if numerator == 0 else math.inf
 
 
-class OutputMismatchError(ValidationError):
-    """An output tensor's values are not close enough to the original module's; `closeness` says how close."""
+def mismatch_error(message: str, closeness: Closeness, where: str = "") -> ValidationError:
+    """The `ValidationError` for an output whose values are not close enough.
 
-    def __init__(self, message: str, closeness: Closeness, where: str = "") -> None:
-        super().__init__(message)
-        self.closeness = closeness
-        self.where = where
-
-    def closeness_summary(self) -> str:
-        """`where: closeness` in one line (what a strategy copies into its candidate report)."""
-        prefix = f"{self.where}: " if self.where else ""
-        return prefix + self.closeness.summary()
+    It stays a plain `ValidationError` (callers tell failures apart by that class) and carries two attributes:
+    `closeness` (the `Closeness`) and `closeness_summary` (`where: closeness.summary()`, the one line a strategy
+    copies into its candidate report). Other validation errors have neither.
+    """
+    error = ValidationError(message)
+    error.closeness = closeness  # type: ignore[attr-defined]
+    error.closeness_summary = f"{where}: {closeness.summary()}" if where else closeness.summary()  # type: ignore[attr-defined]
+    return error
 
 
 class FloatComparison:

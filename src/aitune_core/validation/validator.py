@@ -22,7 +22,8 @@ never changes the recorded samples), and checks:
    reuses its output buffers (a CUDA-graph replay) fails with "output buffer reused / overwritten by a later call".
 
 The first failure raises `ValidationError` naming the backend, the sample, the output path, and for value
-mismatches an `OutputMismatchError` whose message and `closeness` field give the number of elements outside the
+mismatches a `ValidationError` from `criterion.mismatch_error` whose message and `closeness` attribute give the
+number of elements outside the
 element-wise tolerance and how many were allowed, the max absolute error with its index and values and its cap,
 and the relative L2 error with its limit. Large tensors are compared in chunks, so validation does not need
 float64 copies of whole outputs at once.
@@ -39,7 +40,7 @@ import torch
 from aitune_core.errors import ValidationError
 from aitune_core.log import get_logger
 from aitune_core.specs.tree import TENSOR, flatten
-from aitune_core.validation.criterion import Criterion, FloatComparison, OutputMismatchError
+from aitune_core.validation.criterion import Criterion, FloatComparison, mismatch_error
 from aitune_core.validation.kept_outputs import KeptOutputs
 from aitune_core.validation.private_inputs import PrivateInputs, has_floating_tensors
 from aitune_core.validation.tolerance import Tolerance
@@ -69,7 +70,7 @@ def validate_backend(
     """Run every sample through `backend` and check its outputs and inputs (see the module docstring).
 
     `tolerance_fn(dtype)` defaults to `backend.tolerance`, `criterion` to `Criterion.from_config()`. Raises
-    `ValidationError` on the first problem (`OutputMismatchError`, with its `closeness`, for values not close enough).
+    `ValidationError` on the first problem (for values not close enough, with a `closeness` attribute).
     """
     tolerance_fn = tolerance_fn or backend.tolerance
     criterion = criterion or Criterion.from_config()
@@ -355,7 +356,7 @@ def _check_floats(
     if closeness.accepted:
         return
     worst, first = comparison.max_abs_at, comparison.first_mismatch or 0
-    raise OutputMismatchError(
+    raise mismatch_error(
         f"{where} differs from the original module's output ({'; '.join(closeness.failed_checks)}): "
         f"{closeness.outliers}/{total} elements outside tolerance ({tol}), {closeness.allowed_outliers} allowed; "
         f"max abs error {closeness.max_abs_error:.3g} at index {_unravel(worst, value.shape)} "
