@@ -115,7 +115,8 @@ class Closeness:
         return not self.failed_checks
 
     def summary(self) -> str:
-        """One line, e.g. for a history: `rel L2 err 7e-04 (limit 1e-02); 1/32768 outside ...; worst ...`."""
+        """One line for a history, e.g. `rel L2 error 0.0007 (limit 0.011); 1/32768 elements outside rtol=0.01,
+        atol=0.001 (allowed 32); max abs error 0.0021 (cap 0.041)`."""
         return (
             f"rel L2 error {self.rel_l2:.2g} (limit {self.rel_l2_limit:.2g}); "
             f"{self.outliers}/{self.numel} elements outside {self.tolerance} (allowed {self.allowed_outliers}); "
@@ -138,7 +139,8 @@ def mismatch_error(message: str, closeness: Closeness, where: str = "") -> Valid
     """
     error = ValidationError(message)
     error.closeness = closeness  # type: ignore[attr-defined]
-    error.closeness_summary = f"{where}: {closeness.summary()}" if where else closeness.summary()  # type: ignore[attr-defined]
+    summary = f"{where}: {closeness.summary()}" if where else closeness.summary()
+    error.closeness_summary = summary  # type: ignore[attr-defined]
     return error
 
 
