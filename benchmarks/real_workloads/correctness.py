@@ -167,6 +167,24 @@ def _table(rows: list[dict[str, Any]]) -> None:
     Console(width=140).print(table)
 
 
+def recompare(result_file: Path, kept: Path, precision: str, git_commit: str | None) -> dict[str, Any]:
+    """Judge a finished run again from the result files it kept (`--log-dir`), with this tree's criterion: the rows
+    get new comparisons and a `recompared` note (date, commit); nothing else of the run changes."""
+    result = json.loads(result_file.read_text())
+    for row in result["rows"]:
+        files = {role: kept / f"{row['workload']}-{role}.pt" for role in ("plain", "jit", "replay")}
+        if not (files["plain"].exists() and files["jit"].exists()):
+            continue
+        replay = torch.load(files["replay"]) if files["replay"].exists() else None
+        row["comparison"] = compare(row["workload"], torch.load(files["plain"]), torch.load(files["jit"]), precision,
+                                    replay)
+        row["ok"] = bool(row["comparison"]["ok"]) and not row["error_lines"]
+    now = dt.datetime.now(dt.timezone.utc)
+    result["recompared"] = {"date": now.isoformat(timespec="seconds"), "git_commit": git_commit,
+                            "from": str(result_file.name)}
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["gpt2", "unet"])
@@ -177,7 +195,17 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--log-dir", type=Path, default=None, help="keep each run's output here (default: scratch)")
+    parser.add_argument("--recompare", type=Path, default=None,
+                        help="judge this finished run's result JSON again from the files kept in --log-dir")
     args = parser.parse_args()
+    if args.recompare is not None:
+        if args.log_dir is None or args.out is None:
+            parser.error("--recompare needs --log-dir (the kept result files) and --out")
+        result = recompare(args.recompare, args.log_dir, args.precision, args.git_commit)
+        _table(result["rows"])
+        args.out.write_text(json.dumps(result, indent=1, default=str))
+        print(f"results written to {args.out}")
+        return 0 if all(row["ok"] for row in result["rows"]) else 1
     rows = []
     with tempfile.TemporaryDirectory(prefix="aitune-real-") as scratch:
         for workload in args.workloads:
