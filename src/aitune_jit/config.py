@@ -39,6 +39,9 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
 - `skip_single_layer` [True]: the default strategy builds nothing for a module that is one torch.nn layer
   (Linear, Embedding, LayerNorm, Conv2d, ..., or a module whose only submodule is one): a compiler runs the
   same library kernel for it, so it could only lose by the dispatch; this saves its compile.
+- `retune_after_misses` [8]: after this many calls of a tuned graph (same structure) fall outside its tuned shape
+  ranges and run eagerly, the graph is tuned again over the ranges seen since (at most
+  `range_growth.MAX_RETUNES` times per graph); 0 never re-tunes.
 
 `default_backends` and `default_strategy` are defined once, in `aitune_core.backends.defaults` and
 `aitune_core.strategies.defaults`; AOT tuning uses the same ones.
@@ -286,6 +289,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "min_speedup": (_min_speedup, lambda: None, _env_optional_float),
     "min_eager_latency_us": (_optional_number, lambda: None, _env_optional_float),
     "skip_single_layer": (_bool, lambda: True, _env_bool),
+    "retune_after_misses": (_non_negative_int, lambda: 8, _env_int),
 }
 
 
@@ -303,6 +307,7 @@ _ACCEPTED: dict[str, str] = {
     "strategy": "nothing (set jit_config.strategy in code)",
     "cache_dir": "a folder path",
     "precision": "none, bf16 or fp16",
+    "retune_after_misses": "an integer >= 0",
 }
 
 
@@ -343,6 +348,7 @@ class JitConfig:
     min_speedup: float | None
     min_eager_latency_us: float | None
     skip_single_layer: bool
+    retune_after_misses: int
 
     def __init__(self, *, read_env: bool = True, **options: Any) -> None:
         self.reset(read_env=read_env)

@@ -83,6 +83,9 @@ def summary_lines() -> list[str]:
             else " (speed not measured)"
         )
         lines.append(f"  🎯 {record.path} ({record.short}, level {record.level}): {', '.join(record.backends)}{speed}")
+    for node in nodes:
+        if node.state is NodeState.TUNED and node.fallbacks:
+            lines.append(f"  ↪ {node.path}: {node.fallbacks} call(s) outside the tuned shape ranges ran eagerly")
     eager = [node for node in nodes if node.state is NodeState.EAGER]
     for node in eager[:10]:
         lines.append(f"  ⚠️ {node.path} stayed eager: {node.reason}")

@@ -66,7 +66,7 @@ def _ready_graphs(node: PatchedModule) -> list[GraphSpec]:
     if recorder is None:
         return []
     cfg = jit_config
-    done = {spec.name for spec, _backend in node._entries} | set(node._failed)
+    done = ({spec.name for spec, _backend in node._entries} - node._growth.due) | set(node._failed)
     ready = []
     for spec in recorder.graph_specs:
         if spec.name in done or recorder.num_samples(spec) < cfg.min_samples:
@@ -182,6 +182,8 @@ def _tune_node(node: PatchedModule) -> None:
         failures: list[str] = []
         for spec in graphs:
             start = time.perf_counter()
+            if spec.name in node._growth.due:
+                node._growth.retuned(spec.name)
             try:
                 report = strategy.tune_with_report(proxy, node.path, spec, samples[spec.name], device, cache_dir)
             except Exception as exc:
