@@ -42,6 +42,8 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
 - `retune_after_misses` [8]: after this many calls of a tuned graph (same structure) fall outside its tuned shape
   ranges and run eagerly, the graph is tuned again over the ranges seen since (at most
   `range_growth.MAX_RETUNES` times per graph); 0 never re-tunes.
+- `tuning_budget_s` [None]: seconds this process may spend tuning in all; once spent, modules not tuned yet stay
+  eager (the history says so). None: no limit.
 
 `default_backends` and `default_strategy` are defined once, in `aitune_core.backends.defaults` and
 `aitune_core.strategies.defaults`; AOT tuning uses the same ones.
@@ -290,6 +292,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "min_eager_latency_us": (_optional_number, lambda: None, _env_optional_float),
     "skip_single_layer": (_bool, lambda: True, _env_bool),
     "retune_after_misses": (_non_negative_int, lambda: 8, _env_int),
+    "tuning_budget_s": (_optional_number, lambda: None, _env_optional_float),
 }
 
 
@@ -308,6 +311,7 @@ _ACCEPTED: dict[str, str] = {
     "cache_dir": "a folder path",
     "precision": "none, bf16 or fp16",
     "retune_after_misses": "an integer >= 0",
+    "tuning_budget_s": "none or a number of seconds >= 0",
 }
 
 
@@ -349,6 +353,7 @@ class JitConfig:
     min_eager_latency_us: float | None
     skip_single_layer: bool
     retune_after_misses: int
+    tuning_budget_s: float | None
 
     def __init__(self, *, read_env: bool = True, **options: Any) -> None:
         self.reset(read_env=read_env)

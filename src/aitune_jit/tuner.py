@@ -24,6 +24,7 @@ from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
 from aitune_jit.runtime import bypassed
 from aitune_jit.state import NodeState
+from aitune_jit.tuning_budget import budget
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,10 +83,17 @@ def tune_node(node: PatchedModule) -> None:
 
     What torch logs and warns while it probes and compiles goes into the node's history, not to the console.
     """
+    spent = budget.exhausted()
+    if spent is not None:
+        if node.state is NodeState.RECORDING:
+            node.go_eager(spent, reopen=False)
+        return
+    start = time.perf_counter()
     with capture_torch_logs() as captured:
         try:
             _tune_node(node)
         finally:
+            budget.charge(time.perf_counter() - start)
             if captured.lines:
                 node._log(f"While tuning {node.short}, {captured.summary()}", logging.DEBUG)
                 for line in captured.lines:
