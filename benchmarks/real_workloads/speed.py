@@ -5,16 +5,16 @@
 
 Runs `workload.py WORKLOAD` in fresh processes, one after another in one run: plainly, under
 `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` (default JIT configuration), and once per `--compile` mode as the
-same script with `model.compile(mode=...)` (what a torch.compile user writes). Reported per contender: the time
-of the first result (the first image of a denoising loop: its first `denoise_steps` calls; the first `generate`
-call), the whole run's wall time, and the steady state: the median call time over the last result (the last
-image's calls, the last three generate calls). Ratios are taken against eager and against each compile mode
-(values > 1: the JIT is faster). Inductor's caches are not cleared between processes: each contender starts with
-what the previous ones left, as a user's second program would (a cold-cache figure needs a fresh cache folder,
-`--cache-dir`). The contenders run one after another, not interleaved: on a shared CPU the figures move with
-whatever else runs (a tiny UNet's JIT steady state read 14.6 ms beside other jobs and 5.5 ms alone); use it on a
-GPU machine. The result carries device, date, torch version and git commit; it goes to `--out`, by default a
-new file under benchmarks/results/.
+same script with `model.compile(mode=...)` (what a torch.compile user writes). Reported per contender: the time of
+the first result (the first image of a denoising loop: its first `denoise_steps` calls; the first `generate` call),
+the whole run's wall time, and the steady state: the median call time over the last result (the last image's calls,
+the last three generate calls). Ratios are taken against eager and against each compile mode (values > 1: the JIT is
+faster). Inductor's caches are not cleared between processes: each contender starts with what the previous ones
+left, as a user's second program would, unless `--fresh-cache` gives each an empty one (the first result is then a
+cold compile, as in a new deployment). The contenders run one after another, not interleaved: on a shared CPU the
+figures move with whatever else runs (a tiny UNet's JIT steady state read 14.6 ms beside other jobs and 5.5 ms
+alone); use it on a GPU machine. The result carries device, date, torch version and git commit; it goes to `--out`,
+by default a new file under benchmarks/results/.
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ RESULTS = HERE.parent / "results"
 SIZES = ("real", "tiny")  # workload.py's sizes
 
 
-def _contender_env(name: str, scratch: Path, cache_dir: Path | None) -> dict[str, str]:
+def _contender_env(name: str, scratch: Path, cache_dir: Path | None, fresh: bool) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "AUTOWRAPT_BOOTSTRAP" and not k.startswith("AITUNE_JIT_")}
     env["AITUNE_JIT_CACHE_DIR"] = str(scratch / "jit-cache")
-    if cache_dir is not None:
+    if fresh:  # an empty Inductor cache of its own: the first result is a cold compile, as in a new deployment
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / f"inductor-{re.sub(r'[^a-z0-9]+', '-', name)}")
+    elif cache_dir is not None:
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir)
     if name == "aitune-jit":
         env["AUTOWRAPT_BOOTSTRAP"] = "aitune_enable_jit_tuning"
@@ -55,7 +57,8 @@ def _run(name: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
                "--device", args.device]
     if name.startswith("compile:"):
         command += ["--compile", name.split(":", 1)[1]]
-    done = subprocess.run(command, env=_contender_env(name, scratch, args.cache_dir), capture_output=True,
+    done = subprocess.run(command, env=_contender_env(name, scratch, args.cache_dir, args.fresh_cache),
+                          capture_output=True,
                           text=True, timeout=args.timeout)
     if done.returncode != 0:
         return {"contender": name, "returncode": done.returncode, "stderr_tail": done.stderr[-3000:]}
@@ -110,6 +113,7 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile", nargs="*", default=["default"], help="torch.compile modes to compare with")
     parser.add_argument("--cache-dir", type=Path, default=None, help="TORCHINDUCTOR_CACHE_DIR for every contender")
+    parser.add_argument("--fresh-cache", action="store_true", help="an empty Inductor cache per contender")
     parser.add_argument("--git-commit", default=None)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path, default=None)
@@ -123,7 +127,7 @@ def main() -> int:
     now = dt.datetime.now(dt.timezone.utc)
     result = {"benchmark": "real_workloads.speed", "date": now.isoformat(timespec="seconds"), "device": device,
               "torch": torch.__version__, "git_commit": args.git_commit, "workload": args.workload,
-              "size": args.size, "rows": rows, "ratios": ratios}
+              "size": args.size, "fresh_cache": args.fresh_cache, "rows": rows, "ratios": ratios}
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
     out = args.out or RESULTS / f"real_workloads_speed-{slug}-{args.workload}-{now:%Y%m%dT%H%M%SZ}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
