@@ -278,6 +278,14 @@ class Module(wrapt.CallableObjectProxy):
             )
         return output
 
+    def _refit_backend(self, backend: Backend) -> bool:
+        """Refit a baked-weight backend from the module's own forward, without the routing (a copy of the module
+        made by the rebuild must not route back to this wrapper)."""
+        from aitune_core.backends.refit import refit_backend
+
+        with self._original_forward():
+            return refit_backend(backend)
+
     # ------------------------------------------------------------------ properties
     @property
     def name(self) -> str:
@@ -499,10 +507,13 @@ class Module(wrapt.CallableObjectProxy):
 
     def _install_backends(self, graphs: list[tuple[GraphSpec, Backend]]) -> None:
         from aitune_core.backends.dispatcher import GraphDispatcher
+        from aitune_core.backends.module_watch import ModuleWatch
 
         self._self_graphs = list(graphs)
+        watch = ModuleWatch(self.__wrapped__, [backend for _spec, backend in graphs], self._self_name)
         self._self_dispatcher = GraphDispatcher(
-            self._self_graphs, self._self_orig_forward, self._self_name, on_backend_error=self._backend_failed
+            self._self_graphs, self._self_orig_forward, self._self_name, on_backend_error=self._backend_failed,
+            watch=watch, refit=self._refit_backend,
         )
         self._self_state = ModuleState.TUNED
         self._self_active = True

@@ -609,8 +609,12 @@ class PatchedModule:
 
     def _new_dispatcher(self) -> GraphDispatcher:
         from aitune_core.backends.dispatcher import GraphDispatcher
+        from aitune_core.backends.module_watch import ModuleWatch
 
-        return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed)
+        module = self.module
+        watch = ModuleWatch(module, self.backends, self.path) if module is not None else None
+        return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
+                               watch=watch, original=self._forward_fn)
 
     # ------------------------------------------------------------------------------------------ transitions
     def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:

@@ -1,0 +1,69 @@
+"""JIT: a tuned module follows the model (weights, structure, mode, hooks) with every CPU backend (issue 17)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "aitune_core"))  # follow_scenarios
+
+from follow_scenarios import CHANGES, eager_twin, make_net, run_scenarios
+
+from aitune_core.backends.onnxruntime import ONNXRuntimeBackend
+from aitune_core.backends.torch_eager import TorchEagerBackend
+from aitune_core.backends.torch_inductor import TorchInductorBackend
+from aitune_core.strategies.one_backend import OneBackendStrategy
+from aitune_jit.config import jit_config
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.runtime import bypassed
+from aitune_jit.state import NodeState
+from aitune_jit.switch import enable
+
+
+def _torchao():
+    quantization = pytest.importorskip("torchao.quantization")
+    from aitune_core.backends.torchao import TorchAOBackend, TorchAOBackendConfig
+
+    return TorchAOBackend(TorchAOBackendConfig(quantization_config=quantization.Int8WeightOnlyConfig(), compile=False))
+
+
+BACKENDS = {
+    "eager": (TorchEagerBackend, 1e-5),
+    "onnxruntime": (ONNXRuntimeBackend, 1e-4),
+    "torchao": (_torchao, 0.1),
+    "inductor": (TorchInductorBackend, 1e-4),
+}
+
+
+def _eager_run(fn):
+    with bypassed():
+        return fn()
+
+
+@pytest.mark.parametrize(
+    "backend_name", ["eager", "onnxruntime", "torchao", pytest.param("inductor", marks=pytest.mark.slow)]
+)
+def test_tuned_module_follows_every_change(backend_name, tmp_path):
+    make_backend, tolerance = BACKENDS[backend_name]
+    jit_config.min_parameters = 0
+    jit_config.cache_dir = tmp_path
+    jit_config.strategy = OneBackendStrategy(make_backend())
+    net = make_net()
+    eager = eager_twin(net)
+    enable()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for _ in range(3):
+            net(x)
+    node = PatchedModule.of(net)
+    assert node is not None and node.state is NodeState.TUNED, PatchedModule.history
+
+    def serving() -> bool:
+        dispatcher = node.dispatcher
+        return dispatcher is not None and not dispatcher.watch.stale()
+
+    done = run_scenarios(net, net, eager, run_eager=_eager_run, serving=serving, atol=tolerance, rtol=tolerance)
+    assert len(done) == len(CHANGES) + 4
