@@ -67,3 +67,54 @@ def test_tuned_module_follows_every_change(backend_name, tmp_path):
 
     done = run_scenarios(net, net, eager, run_eager=_eager_run, serving=serving, atol=tolerance, rtol=tolerance)
     assert len(done) == len(CHANGES) + 4
+
+
+def _count_calls(module: torch.nn.Module, counts: list[str]) -> None:
+    module.register_forward_hook(lambda *a: counts.append("hook"))
+
+
+def test_child_hooks_fire_once_per_call_while_recording_tuning_and_after():
+    from jit_helpers import CountingBackend, make_mlp
+
+    jit_config.min_parameters = 0
+    jit_config.strategy = OneBackendStrategy(CountingBackend())  # runs the module: a probe would fire hooks
+    net = make_mlp()
+    eager = eager_twin(net)
+    hooked = net.blocks[0].fc
+    counts: list[str] = []
+    _count_calls(hooked, counts)
+    enable()
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        for calls in range(1, 9):
+            torch.testing.assert_close(net(x), _eager_run(lambda: eager(x)))
+            assert len(counts) == calls, (calls, counts, PatchedModule.history)
+    states = {node.path: node.state for node in PatchedModule.walk()}
+    # the hooked subtree is not tuned as a whole; the rest is
+    assert states["MLP"] is NodeState.EAGER and states["MLP.blocks.0"] is NodeState.EAGER
+    assert states["MLP.blocks.1"] is NodeState.TUNED and states["MLP.blocks.0.norm"] is NodeState.TUNED
+    assert CountingBackend.builds >= 2
+
+
+def test_a_hook_added_after_tuning_fires_once_per_call_and_detaches_cleanly():
+    from jit_helpers import CountingBackend, make_mlp
+
+    jit_config.min_parameters = 0
+    jit_config.strategy = OneBackendStrategy(CountingBackend())
+    net = make_mlp()
+    enable()
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        for _ in range(3):
+            net(x)
+        assert PatchedModule.of(net).state is NodeState.TUNED
+        counts: list[str] = []
+        handle = net.blocks[1].fc.register_forward_hook(lambda *a: counts.append("hook"))
+        infers = CountingBackend.infers
+        for calls in range(1, 4):
+            net(x)
+            assert len(counts) == calls
+        assert CountingBackend.infers == infers  # the original module answered
+        handle.remove()
+        net(x)
+        assert len(counts) == 3 and CountingBackend.infers == infers + 1  # the backend serves again

@@ -148,7 +148,6 @@ def acquire() -> None:
         if _users == 0:
             _install()
         _users += 1
-        EPOCH.value += 1
 
 
 def release() -> None:

@@ -120,6 +120,10 @@ class ModuleWatch:
                  "_verdict", "_versions", "name")
 
     def __init__(self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "") -> None:
+        module_epoch.acquire()  # first, so that a change made while the snapshot is taken moves the epoch
+        weakref.finalize(self, module_epoch.release)
+        self._seen = module_epoch.EPOCH.value
+        self._epoch = self._seen
         self._module_ref = weakref.ref(module)
         self.name = name
         self._tuned = ModuleSnapshot.take(module)
@@ -128,10 +132,6 @@ class ModuleWatch:
         self._baselines: dict[int, ModuleSnapshot] = {id(b): self._tuned for b in self._baked}
         self._verdict = Verdict()
         self._noted: set[str] = set()
-        module_epoch.acquire()
-        weakref.finalize(self, module_epoch.release)
-        self._seen = module_epoch.EPOCH.value
-        self._epoch = self._seen
         self._versions: tuple[tuple[torch.Tensor, int], ...] = (
             tuple(zip(self._tuned.tensors, self._tuned.versions)) if self._baked else ()
         )
