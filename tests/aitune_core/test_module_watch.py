@@ -65,7 +65,7 @@ def test_hooks_on_submodules_divert_until_removed_and_the_root_hooks_do_not():
 def test_training_flags_divert_and_eval_restores():
     net = _net()
     watch = ModuleWatch(net, [_Backend(False)])
-    calls, refit = _refits()
+    _calls, refit = _refits()
     net[1].train()
     assert watch.stale() and watch.review(refit).divert == "a training flag differs from tune time"
     net.eval()

@@ -53,7 +53,7 @@ def test_refit_rebuilds_from_the_current_weights_in_alternating_folders(tmp_path
 
 def test_a_failed_refit_keeps_the_backend_and_says_false(tmp_path):
     _Baking.fail = False
-    module, backend = _built(tmp_path)
+    _module, backend = _built(tmp_path)
     before = backend.weight
     _Baking.fail = True
     try:
