@@ -145,7 +145,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{row['backend']:<12} {row['status']}: {row.get('error', '')}")
             continue
         lines.append(f"{row['backend']:<12} {row['tune_s']:>8.2f} {row['steady_ms']:>10.3f} "
-                     f"{row['swap_call_ms_median']:>14.1f} {row['swap_call_ms_max']:>14.1f} {row['max_abs_err']:>12.2e}")
+                     f"{row['swap_call_ms_median']:>14.1f} {row['swap_call_ms_max']:>14.1f} "
+                     f"{row['max_abs_err']:>12.2e}")
     return "\n".join(lines)
 
 

@@ -286,6 +286,17 @@ class Module(wrapt.CallableObjectProxy):
         with self._original_forward():
             return refit_backend(backend)
 
+    def refresh_backends(self) -> None:
+        """Bring baked-weight backends up to date with the module's current weights before they are saved;
+        raises `CheckpointError` when one cannot be refit (a checkpoint must never hold stale backends)."""
+        from aitune_core.errors import CheckpointError
+
+        verdict = self._self_dispatcher.settle() if self._self_dispatcher is not None else None
+        stale = [b.describe() for _s, b in self._self_graphs if verdict is not None and id(b) in verdict.blocked]
+        if stale:
+            raise CheckpointError(f"Module {self._self_name!r}: {', '.join(stale)} could not be refit to the module's "
+                                  "current weights; re-tune it before saving")
+
     # ------------------------------------------------------------------ properties
     @property
     def name(self) -> str:

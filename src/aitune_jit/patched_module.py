@@ -612,7 +612,8 @@ class PatchedModule:
         from aitune_core.backends.module_watch import ModuleWatch
 
         module = self.module
-        watch = ModuleWatch(module, self.backends, self.path) if module is not None else None
+        previous = self._dispatcher.watch if self._dispatcher is not None else None
+        watch = ModuleWatch(module, self.backends, self.path, previous) if module is not None else None
         return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
                                watch=watch, original=self._forward_fn)
 

@@ -52,3 +52,21 @@ def test_tuned_module_follows_every_change(backend_name):
 
     done = run_scenarios(wrapped, net, eager, serving=serving, atol=tolerance, rtol=tolerance)
     assert len(done) == len(CHANGES) + 4
+
+
+def test_save_refits_a_changed_baked_backend_first(tmp_path):
+    from aitune_aot.checkpoint_io import load, save
+
+    net = make_net()
+    eager = eager_twin(net)
+    wrapped = Module(net, "follow_save")
+    tune(wrapped, [torch.randn(8) for _ in range(3)], batch_sizes=[4], strategy=OneBackendStrategy(
+        ONNXRuntimeBackend()))
+    with torch.no_grad():
+        for model in (net, eager):
+            model.fc2.weight.mul_(-3.0)  # no call before the save: nothing was refit yet
+    save(wrapped, tmp_path / "ckpt")
+    fresh = load(make_net(seed=1), tmp_path / "ckpt")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), eager(x), atol=1e-4, rtol=1e-4)

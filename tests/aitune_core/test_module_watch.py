@@ -124,3 +124,17 @@ def test_the_patches_go_when_the_last_watch_goes():
     del watch
     gc.collect()
     assert not module_epoch.installed()
+
+
+def test_a_replacing_watch_keeps_the_weights_each_backend_holds():
+    net = _net()
+    waiting, kept = _Backend(True), _Backend(True)
+    old = ModuleWatch(net, [waiting, kept])
+    net[0].weight = torch.nn.Parameter(torch.zeros(4, 4))
+    _calls, failing = _refits(result=False)
+    assert old.review(failing).blocked == frozenset({id(waiting), id(kept)})
+    new_backend = _Backend(True)  # built now, from the current weights
+    new = ModuleWatch(net, [waiting, new_backend], previous=old)  # `kept` dropped, one added
+    assert new.stale()
+    calls, refit = _refits()
+    assert new.review(refit).clean and calls == [waiting]

@@ -27,7 +27,7 @@ from aitune_core.log import get_logger
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
-    from aitune_core.backends.module_watch import ModuleWatch
+    from aitune_core.backends.module_watch import ModuleWatch, Verdict
     from aitune_core.specs.graph_spec import GraphSpec
 
 _logger = get_logger("dispatch")
@@ -108,6 +108,15 @@ class GraphDispatcher:
             return backend.infer(*args, **kwargs)
         except Exception as exc:
             return self._on_backend_error(backend, exc, args, kwargs)
+
+    def settle(self) -> Verdict | None:
+        """Review the module now if it changed (refitting stale backends) and return the verdict (None without a
+        watch): a caller about to save the backends must not save ones that are waiting for a refit."""
+        watch = self._watch
+        if watch is None:
+            return None
+        with self._lock:
+            return watch.review(self._refit)
 
     # ------------------------------------------------------------------ slow path
     def _changed(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -119,21 +119,30 @@ class ModuleWatch:
     __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_module_ref", "_noted", "_seen", "_tuned",
                  "_verdict", "_versions", "name")
 
-    def __init__(self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "") -> None:
+    def __init__(
+        self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "", previous: ModuleWatch | None = None
+    ) -> None:
+        """`previous`: the watch this one replaces (the same module with backends added or dropped): backends it
+        tracked keep the weights they were built or last refit with, so a backend still waiting for its refit is
+        not taken for fresh; the tune-time training flags carry over too."""
         module_epoch.acquire()  # first, so that a change made while the snapshot is taken moves the epoch
         weakref.finalize(self, module_epoch.release)
         self._seen = module_epoch.EPOCH.value
         self._epoch = self._seen
         self._module_ref = weakref.ref(module)
         self.name = name
-        self._tuned = ModuleSnapshot.take(module)
+        current = ModuleSnapshot.take(module)
+        self._tuned = previous._tuned if previous is not None else current
         self._baked = [b for b in backends if b.bakes_weights]
         # per baked backend, the snapshot of the weights it holds now
-        self._baselines: dict[int, ModuleSnapshot] = {id(b): self._tuned for b in self._baked}
+        inherited = previous._baselines if previous is not None else {}
+        self._baselines: dict[int, ModuleSnapshot] = {id(b): inherited.get(id(b), current) for b in self._baked}
+        if any(not baseline.same_weights(current) for baseline in self._baselines.values()):
+            self._epoch = self._seen = -1  # a backend still needs its refit: the first call reviews in full
         self._verdict = Verdict()
         self._noted: set[str] = set()
         self._versions: tuple[tuple[torch.Tensor, int], ...] = (
-            tuple(zip(self._tuned.tensors, self._tuned.versions)) if self._baked else ()
+            tuple(zip(current.tensors, current.versions)) if self._baked else ()
         )
 
     # ------------------------------------------------------------------ per call
@@ -151,23 +160,22 @@ class ModuleWatch:
         """Compare the module with its tuned state; refit stale baked backends (`refit(backend)` -> success)."""
         now = module_epoch.EPOCH.value
         if now == self._seen and not self._versions_moved():
-            return self._verdict  # the cached verdict (it was not clean, or `stale` would not have been True)
+            return self._verdict  # nothing moved since the last review
         module = self._module_ref()
         if module is None:
             return Verdict(divert="the module is gone")
         current = ModuleSnapshot.take(module)
         divert = self._divert_reason(current)
         blocked: set[int] = set()
-        if divert is None:
-            for backend in self._baked:
-                key = id(backend)
-                if self._baselines[key].same_weights(current):
-                    continue
-                if refit(backend):
-                    self._baselines[key] = current
-                    self._note(f"refit-{key}", f"{backend.describe()} refit to the module's current weights")
-                else:
-                    blocked.add(key)
+        for backend in self._baked:
+            key = id(backend)
+            if self._baselines[key].same_weights(current):
+                continue
+            if divert is None and refit(backend):  # never refit while hooks could be traced into the rebuild
+                self._baselines[key] = current
+                self._note(f"refit-{key}", f"{backend.describe()} refit to the module's current weights")
+            else:
+                blocked.add(key)
         self._verdict = Verdict(divert=divert, blocked=frozenset(blocked))
         if divert is not None:
             self._note(divert, f"the original module answers while {divert}")
