@@ -286,7 +286,7 @@ class Module(wrapt.CallableObjectProxy):
         with self._original_forward():
             return refit_backend(backend)
 
-    def refresh_backends(self) -> None:
+    def _refresh_backends(self) -> None:
         """Bring baked-weight backends up to date with the module's current weights before they are saved;
         raises `CheckpointError` when one cannot be refit (a checkpoint must never hold stale backends)."""
         from aitune_core.errors import CheckpointError
