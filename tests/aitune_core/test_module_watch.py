@@ -138,3 +138,16 @@ def test_a_replacing_watch_keeps_the_weights_each_backend_holds():
     assert new.stale()
     calls, refit = _refits()
     assert new.review(refit).clean and calls == [waiting]
+
+
+def test_a_watch_does_not_keep_replaced_weights_alive():
+    import weakref
+
+    net = _net()
+    watch = ModuleWatch(net, [_Backend(True)])
+    old = weakref.ref(net[0].weight)
+    net[0].weight = torch.nn.Parameter(torch.zeros(4, 4))
+    _calls, refit = _refits()
+    watch.review(refit)
+    gc.collect()
+    assert old() is None

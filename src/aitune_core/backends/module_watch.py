@@ -64,13 +64,20 @@ def submodule_hooks(module: torch.nn.Module) -> int:
     return count
 
 
+def _same_objects(refs: tuple[weakref.ref, ...], others: tuple[weakref.ref, ...]) -> bool:
+    return len(refs) == len(others) and all(
+        (obj := a()) is not None and obj is b() for a, b in zip(refs, others)
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class ModuleSnapshot:
-    """The state of a module tree that tuned backends depend on (strong references: ids stay unique)."""
+    """The state of a module tree that tuned backends depend on. Modules and tensors are held by weak reference
+    (a snapshot must not keep replaced weights alive); a dead reference compares as changed."""
 
-    modules: tuple[torch.nn.Module, ...]
+    modules: tuple[weakref.ref, ...]
     training: tuple[bool, ...]
-    tensors: tuple[torch.Tensor, ...]
+    tensors: tuple[weakref.ref, ...]
     versions: tuple[int, ...]
     layouts: tuple[tuple[torch.dtype, torch.device], ...]
     hooks: int
@@ -80,21 +87,25 @@ class ModuleSnapshot:
         modules = tuple(module.modules())
         tensors = tuple([*module.parameters(), *module.buffers()])
         return cls(
-            modules=modules,
+            modules=tuple(weakref.ref(m) for m in modules),
             training=tuple(m.training for m in modules),
-            tensors=tensors,
+            tensors=tuple(weakref.ref(t) for t in tensors),
             versions=tuple(t._version for t in tensors),
             layouts=tuple((t.dtype, t.device) for t in tensors),
             hooks=submodule_hooks(module),
         )
 
+    def live_tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return tuple(ref() for ref in self.tensors)
+
+    def same_tree(self, other: ModuleSnapshot) -> bool:
+        return _same_objects(self.modules, other.modules)
+
     def same_weights(self, other: ModuleSnapshot) -> bool:
         """Same tree, same tensors (identity), unchanged values (version counters), same dtypes and devices."""
         return (
-            len(self.modules) == len(other.modules)
-            and all(a is b for a, b in zip(self.modules, other.modules))
-            and len(self.tensors) == len(other.tensors)
-            and all(a is b for a, b in zip(self.tensors, other.tensors))
+            self.same_tree(other)
+            and _same_objects(self.tensors, other.tensors)
             and self.versions == other.versions
             and self.layouts == other.layouts
         )
@@ -142,7 +153,7 @@ class ModuleWatch:
         self._verdict = Verdict()
         self._noted: set[str] = set()
         self._versions: tuple[tuple[torch.Tensor, int], ...] = (
-            tuple(zip(current.tensors, current.versions)) if self._baked else ()
+            tuple(zip(current.live_tensors(), current.versions)) if self._baked else ()
         )
 
     # ------------------------------------------------------------------ per call
@@ -180,7 +191,7 @@ class ModuleWatch:
         if divert is not None:
             self._note(divert, f"the original module answers while {divert}")
         self._seen = now
-        self._versions = tuple(zip(current.tensors, current.versions)) if self._baked else ()
+        self._versions = tuple(zip(current.live_tensors(), current.versions)) if self._baked else ()
         self._epoch = now if self._verdict.clean else -1
         return self._verdict
 
@@ -191,10 +202,10 @@ class ModuleWatch:
         if current.hooks:
             return "hooks are registered on its submodules (or globally)"
         tuned = self._tuned
-        if len(current.modules) == len(tuned.modules) and all(a is b for a, b in zip(current.modules, tuned.modules)):
+        if current.same_tree(tuned):
             if current.training != tuned.training:
                 return "a training flag differs from tune time"
-        elif any(m.training for m in current.modules) != any(tuned.training):
+        elif any(current.training) != any(tuned.training):
             return "a training flag differs from tune time"
         return None
 
