@@ -145,3 +145,38 @@ def test_a_baked_backend_answers_only_once_refit(tmp_path):
         next(model2.parameters()).add_(1)
     dispatcher2(x)
     assert calls2["backend"] == 1 and calls2["refit"] == 1 and calls2["original"] == 0
+
+
+def test_while_one_thread_refits_the_others_are_answered_by_the_original(tmp_path):
+    import threading
+
+    from aitune_core.backends.module_watch import ModuleWatch
+
+    model, spec, backend, fallback, calls = _setup(tmp_path)
+    backend.__class__ = type("Baking", (type(backend),), {"bakes_weights": property(lambda self: True)})
+    started, release = threading.Event(), threading.Event()
+    calls["original"] = 0
+
+    def original(*args, **kwargs):
+        calls["original"] += 1
+        return model(*args, **kwargs)
+
+    def slow_refit(_backend):
+        started.set()
+        assert release.wait(10)
+        return True
+
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", watch=ModuleWatch(model, [backend]),
+                                 original=original, refit=slow_refit)
+    with torch.no_grad():
+        next(model.parameters()).add_(1)
+    x = torch.randn(3, 8)
+    refitting = threading.Thread(target=dispatcher, args=(x,))
+    refitting.start()
+    assert started.wait(10)
+    assert torch.equal(dispatcher(x), model(x))  # this thread does not wait for the refit
+    assert calls["original"] == 1 and calls["backend"] == 0
+    release.set()
+    refitting.join(10)
+    dispatcher(x)
+    assert calls["backend"] == 2  # the refitting thread's call and this one
