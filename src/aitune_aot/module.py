@@ -8,7 +8,9 @@ instance-level `forward` on the wrapped module that routes each call by the wrap
 - RECORDING: the original forward, and the call is recorded (GraphRecorder, batch size from the global
   context); the original output is returned;
 - TUNED: a GraphDispatcher over the tuned backends, with an eager fallback (and one warning) for calls
-  outside the tuned shape ranges.
+  outside the tuned shape ranges. Its `ModuleWatch` follows the wrapped module after tuning (weights, submodules,
+  training flags, hooks on submodules): baked-weight backends are refit, and calls no backend may serve run
+  the original forward (`aitune_core/backends/module_watch.py`).
 
 Because the routing sits in `forward`, calling the proxy goes through the wrapped module's own
 `__call__`: forward pre/post hooks registered on it fire in every state, exactly once, and a parent that
