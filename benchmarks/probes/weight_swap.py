@@ -59,7 +59,8 @@ def build_block(hidden: int, device: torch.device) -> torch.nn.Module:
     from transformers import BertConfig
     from transformers.models.bert.modeling_bert import BertLayer
 
-    config = BertConfig(hidden_size=hidden, num_attention_heads=max(1, hidden // 16), intermediate_size=hidden * 4)
+    config = BertConfig(hidden_size=hidden, num_attention_heads=max(1, hidden // 16), intermediate_size=hidden * 4,
+                        attn_implementation="eager")  # a standalone layer: no attention-dispatch warning
     torch.manual_seed(0)
     return BertLayer(config).to(device).eval()
 

@@ -140,3 +140,34 @@ def run_scenarios(
 
 def eager_twin(net: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(net)
+
+
+#: LoRA-like swaps: how many, and which attention projections of a BertLayer they replace
+SWAPS = 20
+PROJECTIONS = ("query", "key", "value")
+
+
+def bert_block() -> torch.nn.Module:
+    """A transformers BertLayer from a tiny config (random weights)."""
+    import transformers
+    from transformers.models.bert.modeling_bert import BertLayer
+
+    config = transformers.BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                                     attn_implementation="eager")  # a standalone layer: no dispatch warning
+    torch.manual_seed(0)
+    return BertLayer(config).eval()
+
+
+def swap_projections(block: torch.nn.Module, twin: torch.nn.Module, step: int) -> None:
+    """Odd steps assign new Parameters (an adapter swapped in), even steps copy into the weights in place."""
+    generator = torch.Generator().manual_seed(100 + step)
+    for name in PROJECTIONS:
+        weight = getattr(block.attention.self, name).weight
+        new = torch.randn(weight.shape, generator=generator) * 0.2
+        for target in (block, twin):
+            projection = getattr(target.attention.self, name)
+            if step % 2:
+                projection.weight = torch.nn.Parameter(new.clone(), requires_grad=False)
+            else:
+                with torch.no_grad():
+                    projection.weight.copy_(new)

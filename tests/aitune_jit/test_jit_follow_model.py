@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "aitune_core"))  # follow_scenarios
 
-from follow_scenarios import CHANGES, eager_twin, make_net, run_scenarios
+from follow_scenarios import CHANGES, SWAPS, bert_block, eager_twin, make_net, run_scenarios, swap_projections
 
 from aitune_core.backends.onnxruntime import ONNXRuntimeBackend
 from aitune_core.backends.torch_eager import TorchEagerBackend
@@ -118,3 +118,29 @@ def test_a_hook_added_after_tuning_fires_once_per_call_and_detaches_cleanly():
         handle.remove()
         net(x)
         assert len(counts) == 3 and CountingBackend.infers == infers + 1  # the backend serves again
+
+
+def test_jit_tuned_block_matches_eager_across_twenty_swaps(tmp_path):
+    """The LoRA-like swaps of tests/aitune_aot/test_aot_weight_swap.py through the JIT (TorchAO: each refit is a
+    re-quantization of a fresh copy)."""
+    pytest.importorskip("transformers")
+    block = bert_block()
+    twin = eager_twin(block)
+    jit_config.min_parameters = 0
+    jit_config.cache_dir = tmp_path
+    jit_config.strategy = OneBackendStrategy(_torchao())
+    enable()
+    x = torch.randn(2, 6, 32)
+    with torch.no_grad():
+        for _ in range(3):
+            block(x)
+        node = PatchedModule.of(block)
+        assert node is not None and node.state is NodeState.TUNED, PatchedModule.history
+        for step in range(SWAPS):
+            swap_projections(block, twin, step)
+            for _ in range(2):
+                with bypassed():
+                    want = twin(x)
+                torch.testing.assert_close(block(x), want, atol=0.1, rtol=0.1,
+                                           msg=lambda m, step=step: f"swap {step}: {m}")
+            assert not node.dispatcher.watch.stale()
