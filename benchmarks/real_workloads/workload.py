@@ -204,11 +204,27 @@ def _unet(real: bool) -> torch.nn.Module:
     )
 
 
-def unet(size: Size, real: bool, device: str) -> dict[str, Any]:
-    """A DDIM loop with classifier-free guidance (batch 2: unconditional and conditional)."""
+def _replay_unet(model: torch.nn.Module, recorded: dict[str, Any], device: str) -> dict[str, Any]:
+    """Each recorded call's inputs through `model` again: per-call references for another run's outputs."""
+    calls = []
+    text = recorded["text"].to(device)
+    with torch.no_grad():
+        for call in recorded["calls"]:
+            out = model(call["input"].to(device), call["t"].to(device), encoder_hidden_states=text)
+            calls.append({"type": type(out).__qualname__, "sample_type": type(out.sample).__qualname__,
+                          "sample": out.sample.cpu()})
+    return {"calls": calls}
+
+
+def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A DDIM loop with classifier-free guidance (batch 2: unconditional and conditional). Every call's inputs are
+    kept, so another process can replay them (`replay`): a per-call comparison on identical inputs, which a
+    comparison of whole trajectories is not (a random-weight UNet with guidance 7.5 amplifies any difference)."""
     from diffusers import DDIMScheduler
 
     model = _unet(real).eval().to(device)
+    if replay is not None:
+        return _replay_unet(model, replay, device)
     scheduler = DDIMScheduler(num_train_timesteps=1000 if real else 100)
     scheduler.set_timesteps(size.denoise_steps)
     generator = torch.Generator().manual_seed(1)
@@ -222,11 +238,11 @@ def unet(size: Size, real: bool, device: str) -> dict[str, Any]:
                 batch = torch.cat([latents] * 2)
                 out = _timed(device, lambda b=batch, t=t: model(b, t, encoder_hidden_states=text), times)
                 calls.append({"type": type(out).__qualname__, "sample_type": type(out.sample).__qualname__,
-                              "sample": out.sample.cpu()})
+                              "sample": out.sample.cpu(), "input": batch.cpu(), "t": t.cpu()})
                 uncond, cond = out.sample.chunk(2)
                 latents = scheduler.step(uncond + 7.5 * (cond - uncond), t, latents).prev_sample
             images.append(latents.cpu())
-    return {"calls": calls, "images": images, "times": times}
+    return {"calls": calls, "images": images, "times": times, "text": text.cpu()}
 
 
 WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
@@ -240,10 +256,17 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--replay", default=None, help="unet: run the calls recorded in this result file again")
     args = parser.parse_args()
     torch.manual_seed(0)
     start = time.perf_counter()
-    result = WORKLOADS[args.workload](SIZES[args.size], args.size == "real", args.device)
+    size, real = SIZES[args.size], args.size == "real"
+    if args.replay is not None:
+        if args.workload != "unet":
+            parser.error("--replay is for the unet workload")
+        result = unet(size, real, args.device, replay=torch.load(args.replay))
+    else:
+        result = WORKLOADS[args.workload](size, real, args.device)
     result["wall_s"] = time.perf_counter() - start
     torch.save(result, args.out)
 

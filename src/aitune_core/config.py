@@ -24,6 +24,11 @@ Options:
   dtype-aware defaults of `aitune_core.validation.tolerance`.
 - `quantized_rtol`, `quantized_atol` (float >= 0, default 0.1 / 0.1): the widened tolerances that
   quantized backends (int8 / fp8 / weight-only) validate with, since they change the numbers on purpose.
+- `outlier_fraction` (float in [0, 1], default 1e-2): the fraction of a floating output tensor's elements that may
+  be outside the element-wise tolerance when the whole tensor is close (see `aitune_core.validation.criterion`);
+  0 makes every element meet the element-wise tolerance.
+- `outlier_cap` (float >= 0, default 1.0): no element's error may exceed `outlier_cap * (atol + rtol * max|ref|)`,
+  so a backend wrong in a few elements by a lot is still rejected.
 
 `config.override(**options)` is a context manager that sets options for a block and restores them.
 """
@@ -77,6 +82,13 @@ def _tolerance(name: str, value: Any) -> float:
     return value
 
 
+def _fraction(name: str, value: Any) -> float:
+    value = _tolerance(name, value)
+    if value > 1:
+        raise ConfigError(f"config.{name} must be a fraction in [0, 1], got {value}")
+    return value
+
+
 def _optional_tolerance(name: str, value: Any) -> float | None:
     return None if value is None else _tolerance(name, value)
 
@@ -110,6 +122,8 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any]]] = {
     "atol": (_optional_tolerance, lambda: None),
     "quantized_rtol": (_tolerance, lambda: 0.1),
     "quantized_atol": (_tolerance, lambda: 0.1),
+    "outlier_fraction": (_fraction, lambda: 1e-2),  # = validation.criterion.DEFAULT_OUTLIER_FRACTION (why: there)
+    "outlier_cap": (_tolerance, lambda: 1.0),
 }
 
 
@@ -124,6 +138,8 @@ class TuneConfig:
     atol: float | None
     quantized_rtol: float
     quantized_atol: float
+    outlier_fraction: float
+    outlier_cap: float
 
     def __init__(self, **options: Any) -> None:
         for name, (_validator, default) in _OPTIONS.items():

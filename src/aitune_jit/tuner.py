@@ -222,11 +222,20 @@ def _tune_node(node: PatchedModule) -> None:
             node._log(
                 f"Tuning {node.short} took {elapsed:.2f}s: {report.backend.describe()} for graph {spec.name}{measured}"
             )
+            _log_rejected(node, report)
 
     if entries:
         node.go_tuned(entries, reports)
     elif first:
         node.go_eager("; ".join(failures) or "nothing could be tuned")
+
+
+def _log_rejected(node: PatchedModule, report: TuneReport) -> None:
+    """The candidates that lost on correctness, with how close they came (the winner's line names only it)."""
+    for candidate in report.candidates:
+        closeness = getattr(candidate, "closeness", None)
+        if candidate.error is not None and closeness:
+            node._log(f"  rejected {candidate.description} for {node.short}: {closeness}")
 
 
 def _discard(backend: Backend) -> None:

@@ -13,6 +13,7 @@ def test_defaults():
     assert cfg.max_num_graphs == 32
     assert cfg.rtol is None and cfg.atol is None
     assert cfg.quantized_rtol == 0.1 and cfg.quantized_atol == 0.1
+    assert cfg.outlier_fraction == 1e-2 and cfg.outlier_cap == 1.0
     assert isinstance(cfg.cache_dir, Path)
 
 
@@ -37,6 +38,10 @@ def test_cache_dir_from_env(monkeypatch, tmp_path):
         ("atol", "0.1", "must be a number"),
         ("quantized_rtol", None, "must be a number"),
         ("quantized_atol", float("nan"), "finite"),
+        ("outlier_fraction", 1.5, r"in \[0, 1\]"),
+        ("outlier_fraction", None, "must be a number"),
+        ("outlier_cap", -1, ">= 0"),
+        ("outlier_cap", float("inf"), "finite"),
         ("cache_dir", 3, "str or Path"),
         ("cache_dir", "", "non-empty"),
     ],

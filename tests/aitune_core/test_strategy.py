@@ -191,3 +191,15 @@ def test_a_failing_on_success_step_discards_the_candidate(graph, tmp_path):
     )
     assert backend is None and "bookkeeping failed" in report.error
     assert built and built[0].state is not BackendState.ACTIVE  # released
+
+
+def test_a_candidate_rejected_for_its_values_reports_how_close_it_was(graph, tmp_path):
+    report = FirstWinsStrategy([WrongValuesBackend(), GoodBackend()]).tune_with_report(*_args(graph, tmp_path))
+    wrong, good = report.candidates
+    assert wrong.error.startswith("ValidationError: WrongValuesBackend() (graph 0, sample 0): output differs")
+    assert wrong.closeness.startswith("WrongValuesBackend() (graph 0, sample 0): output: rel L2 error ")
+    assert "8/8 elements outside rtol=0.001, atol=0.0001 (allowed 0); max abs error 1 (cap " in wrong.closeness
+    assert good.closeness is None and good.error is None
+    with pytest.raises(TuningFailedError) as info:
+        FirstWinsStrategy([WrongValuesBackend()]).tune(*_args(graph, tmp_path))
+    assert f"  - WrongValuesBackend(): ValidationError: values not close enough: {wrong.closeness}" in str(info.value)

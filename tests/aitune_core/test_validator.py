@@ -2,7 +2,7 @@ import math
 
 import pytest
 import torch
-from core_fakes import GoodBackend, NaNBackend, TinyMLP, WrongValuesBackend, record
+from core_fakes import GoodBackend, NaNBackend, TinyMLP, WrongValuesBackend, _ModuleBackend, record
 
 from aitune_core.backends.backend import Backend
 from aitune_core.errors import ValidationError
@@ -220,3 +220,148 @@ def test_backend_exception_becomes_validation_error(tmp_path):
 
     with pytest.raises(ValidationError, match="kernel crashed"):
         validate_backend(_build(Mutating(boom), model, spec, data, tmp_path), spec, data)
+
+
+# ------------------------------------------------------------------------------------------ aliasing and inputs
+class BufferReuseBackend(Backend):
+    """Returns one preallocated output tensor per input shape, written in place on every call (a CUDA-graph replay)."""
+
+    def _build(self, module, graph_spec, data, cache_dir):
+        self.module = module
+        self.buffers = {}
+
+    def _infer(self, x):
+        out = self.module(x)
+        buffer = self.buffers.setdefault(tuple(x.shape), torch.empty_like(out))
+        return buffer.copy_(out)
+
+
+class SharedBufferBackend(BufferReuseBackend):
+    """One buffer for every batch size: each call returns a view of its first rows."""
+
+    def _infer(self, x):
+        out = self.module(x)
+        buffer = self.buffers.setdefault("all", torch.empty(64, out.shape[1]))
+        return buffer[: out.shape[0]].copy_(out)
+
+
+class InputMutatingBackend(_ModuleBackend):
+    """Right outputs, but zeroes its input tensor afterwards."""
+
+    def _infer(self, x):
+        out = self.module(x)
+        x.zero_()
+        return out
+
+
+class ZeroInputModule(torch.nn.Module):
+    """Computes, then zeroes its input in place (a module that legitimately mutates its inputs)."""
+
+    def forward(self, x):
+        out = x * 2
+        x.zero_()
+        return out
+
+
+class CacheAppender(torch.nn.Module):
+    """Appends its output to a caller-owned cache object, like a KV cache update."""
+
+    def forward(self, x, cache):
+        out = x + 1
+        cache.keys.append(out)
+        return out
+
+
+class _Cache:
+    def __init__(self):
+        self.keys = []
+
+    def __eq__(self, other):
+        return isinstance(other, _Cache) and len(self.keys) == len(other.keys)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class CacheReuseBackend(_ModuleBackend):
+    """Returns fresh outputs but writes one reused buffer into the cache argument."""
+
+    def _infer(self, x, cache):
+        out = self.module(x, cache)
+        if not hasattr(self, "buffer"):
+            self.buffer = torch.empty_like(out)
+        cache.keys[-1] = self.buffer.copy_(out)
+        return out.clone()
+
+
+@pytest.mark.parametrize("batch_sizes", [(2, 4), (3,), (2, 2)])
+def test_backend_reusing_its_output_buffer_is_rejected(tmp_path, batch_sizes):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=batch_sizes)
+    validate_backend(_build(GoodBackend(), model, spec, data, tmp_path), spec, data)
+    backend = _build(BufferReuseBackend(), model, spec, data, tmp_path)
+    with pytest.raises(ValidationError, match=r"output buffer reused / overwritten by a later call: output returned "
+                                              r"for sample 0 changed when sample"):
+        validate_backend(backend, spec, data)
+
+
+def test_backend_returning_views_of_one_buffer_is_rejected_at_the_next_sample(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model, batch_sizes=(2, 4))
+    with pytest.raises(ValidationError, match=r"sample 1\): output buffer reused.*changed when sample 1 ran"):
+        validate_backend(_build(SharedBufferBackend(), model, spec, data, tmp_path), spec, data)
+
+
+def test_backend_mutating_its_inputs_is_rejected_and_samples_stay_intact(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model)
+    recorded = [sample.args[0].clone() for sample in data]
+    with pytest.raises(ValidationError, match=r"sample 0\): the backend mutates its inputs \(args\[0\] changed in "
+                                              r"place \(16/16 elements\)\), but the original module leaves"):
+        validate_backend(_build(InputMutatingBackend(), model, spec, data, tmp_path), spec, data)
+    assert all(torch.equal(sample.args[0], before) for sample, before in zip(data, recorded))
+
+
+def test_input_mutation_is_allowed_when_the_original_module_mutates_too(tmp_path):
+    model = ZeroInputModule()
+    recorder = GraphRecorder(model)
+    for batch in (2, 4):
+        x = torch.randn(batch, 3)
+        recorder.record((x.clone(),), {}, model(x), batch_size=batch)
+    spec = recorder.graph_specs[0]
+    data = recorder.samples(spec)
+    recorded = [sample.args[0].clone() for sample in data]
+    assert recorded[0].abs().sum() > 0
+    with pytest.raises(ValidationError, match="mutates its inputs"):
+        validate_backend(_build(GoodBackend(), model, spec, data, tmp_path), spec, data)
+    for sample in data:
+        sample.mutates_inputs = True
+    validate_backend(_build(GoodBackend(), model, spec, data, tmp_path), spec, data)
+    assert all(torch.equal(sample.args[0], before) for sample, before in zip(data, recorded))
+
+
+def test_tensors_written_into_argument_objects_are_checked_like_outputs(tmp_path):
+    model = CacheAppender()
+    recorder = GraphRecorder(model)
+    for batch in (2, 2):
+        x, cache = torch.randn(batch, 3), _Cache()
+        recorder.record((x, _Cache()), {}, model(x, cache), batch_size=batch)
+    spec = recorder.graph_specs[0]
+    data = recorder.samples(spec)
+    for sample in data:
+        sample.mutates_inputs = True  # the original module appends to its cache argument
+    validate_backend(_build(GoodBackend(), model, spec, data, tmp_path), spec, data)
+    assert all(sample.args[1].keys == [] for sample in data)  # validation used copies of the cache
+    with pytest.raises(ValidationError, match=r"output buffer reused.*args\[1\]\.keys\[0\] returned for sample 0"):
+        validate_backend(_build(CacheReuseBackend(), model, spec, data, tmp_path), spec, data)
+
+
+def test_value_mismatch_carries_its_closeness(tmp_path):
+    model = TinyMLP().eval()
+    spec, data = record(model)
+    backend = _build(WrongValuesBackend(), model, spec, data, tmp_path)
+    with pytest.raises(ValidationError) as info:
+        validate_backend(backend, spec, data)
+    closeness = info.value.closeness
+    assert closeness.outliers == 8 and closeness.allowed_outliers == 0 and not closeness.accepted
+    assert type(info.value) is ValidationError
+    assert info.value.closeness_summary.startswith("WrongValuesBackend() (graph 0, sample 0): output: rel L2 error")

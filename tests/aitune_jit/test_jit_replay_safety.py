@@ -131,3 +131,51 @@ def test_torch_logs_during_tuning_go_to_the_history(monkeypatch, capsys):
     assert PatchedModule.of(model).state is NodeState.TUNED
     assert "guard creation failed" not in capsys.readouterr().err
     assert any("torch logged 1 line(s) (1 at ERROR)" in line for line in PatchedModule.history)
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 16)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embed(input_ids))
+
+
+class Pooling(torch.nn.Module):
+    """sentence-transformers style: adds keys to the features dict it is given and returns it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Encoder()
+
+    def forward(self, features: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        tokens = self.encoder(features["input_ids"])
+        features["sentence_embedding"] = tokens.mean(1)
+        return features
+
+
+def test_a_forward_that_adds_keys_to_its_input_dict_stays_eager_and_its_encoder_is_tuned_and_used():
+    torch.manual_seed(0)
+    model = Pooling().eval()
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 32, (2, n), generator=generator) for n in (5, 7, 6, 9, 8)]
+    with torch.no_grad():
+        expected = [model({"input_ids": ids})["sentence_embedding"] for ids in batches]
+    _setup()
+    enable()
+    with torch.no_grad():
+        results = [model({"input_ids": ids}) for ids in batches]
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.EAGER and "changes its argument `features` (dict)" in node.reason
+    encoder = PatchedModule.of(model.encoder)
+    assert encoder.state is NodeState.TUNED
+    infers_before = CountingBackend.infers
+    with torch.no_grad():
+        again = model({"input_ids": batches[2]})  # a recorded length (ranges do not grow yet)
+    assert CountingBackend.infers > infers_before  # the tuned path serves the encoder's calls
+    for result, want in zip(results, expected):
+        assert sorted(result) == ["input_ids", "sentence_embedding"]
+        torch.testing.assert_close(result["sentence_embedding"], want)
+    torch.testing.assert_close(again["sentence_embedding"], expected[2])

@@ -25,8 +25,11 @@ terminal, so logs captured by tests or CI never contain control sequences (set `
 off on a terminal too).
 
 A failing candidate (any exception from build, validation or profiling) is logged as a WARNING with its cause
-and recorded in its `CandidateReport.error`; when no candidate succeeds, `TuningFailedError` lists every
-candidate's cause. `OneBackendStrategy` instead re-raises the original exception.
+and recorded in its `CandidateReport.error`; a candidate rejected because its values were not close enough also
+gets `CandidateReport.closeness` (one line: relative L2 error and limit, elements outside the element-wise
+tolerance and how many were allowed, worst error and its cap). When no candidate succeeds, `TuningFailedError`
+lists every candidate's cause in one line (for values not close enough: the closeness). `OneBackendStrategy`
+instead re-raises the original exception.
 
 Custom strategies implement `_tune(...)` and may return either a `TuneReport` or just the tuned `Backend`;
 `_pre_tune` / `_post_tune` run before and after it.
@@ -47,7 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_core.backends.backend import Backend, BackendState
-from aitune_core.errors import TuningFailedError
+from aitune_core.errors import TuningFailedError, ValidationError
 from aitune_core.log import get_logger, timed
 from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
 from aitune_core.validation.validator import validate_backend
@@ -72,6 +75,10 @@ class CandidateReport:
     built: bool = False
     validated: bool = False
     error: str | None = None
+    #: for a candidate rejected because its values were not close enough: how close it came, e.g.
+    #: "output[0]: rel L2 error 0.0031 (limit 0.001); 40/32768 elements outside rtol=0.001, atol=0.0001
+    #: (allowed 32); max abs error 0.012 (cap 0.0041)"
+    closeness: str | None = None
     latency_ms: float | None = None
     throughput: float | None = None
     batch_size: int | None = None
@@ -179,11 +186,25 @@ def _identity(blueprint: Backend) -> tuple[str, str]:
     return description, key
 
 
+def _closeness(exc: BaseException) -> str | None:
+    """How close a candidate rejected for its values came (`closeness_summary` of `criterion.mismatch_error`)."""
+    summary = getattr(exc, "closeness_summary", None) if isinstance(exc, ValidationError) else None
+    return summary if isinstance(summary, str) else None
+
+
+def _cause(candidate: CandidateReport) -> str:
+    """A candidate's failure in one line; for values not close enough, how close they came (the full message,
+    with indices and values, is in the candidate's WARNING and `CandidateReport.error`)."""
+    if candidate.closeness:
+        return f"ValidationError: values not close enough: {candidate.closeness}"
+    return candidate.error or "not selected"
+
+
 def _failure_message(name: str, graph_spec: GraphSpec, candidates: Sequence[CandidateReport]) -> str:
     if not candidates:
         return f"No backend to try for module `{name}` (graph {graph_spec.name}): the strategy has no backends"
     lines = [f"No backend could be built and validated for module `{name}` (graph {graph_spec.name}):"]
-    lines += [f"  - {c.description}: {c.error or 'not selected'}" for c in candidates]
+    lines += [f"  - {c.description}: {_cause(c)}" for c in candidates]
     return "\n".join(lines)
 
 
@@ -380,6 +401,7 @@ class TuneStrategy(ABC):
                         on_success(report, backend)
                 except Exception as exc:
                     report.error = f"{type(exc).__name__}: {exc}"
+                    report.closeness = _closeness(exc)
                     _logger.warning("❌ backend %s failed: %s", description, report.error)
                     self._discard(backend)
                     backend = None

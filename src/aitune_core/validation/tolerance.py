@@ -1,7 +1,9 @@
 """Validation tolerances: `Tolerance(rtol, atol)` and dtype-aware defaults.
 
-An output element passes when ``|out - ref| <= atol + rtol * |ref|`` (the `torch.allclose` rule, evaluated on
-float64 copies). ``ref`` is the ORIGINAL module's output recorded for the same sample.
+The element-wise bound is ``|out - ref| <= atol + rtol * |ref|`` (the `torch.allclose` rule, evaluated on float64
+copies), ``ref`` being the ORIGINAL module's output recorded for the same sample. `criterion.py` builds the rule a
+floating tensor must meet from it: the whole tensor within the bound in L2 norm, at most a small fraction of
+elements outside the bound, none off by more than the bound at the tensor's largest value.
 
 Default tolerances (`default_tolerance(dtype, device)`):
 

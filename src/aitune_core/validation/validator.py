@@ -1,7 +1,8 @@
 """Correctness check of a built backend against the outputs the ORIGINAL module produced when recording.
 
-`validate_backend(backend, graph_spec, data, tolerance_fn)` runs every sample through the backend and checks, for
-every leaf of the (nested) output:
+`validate_backend(backend, graph_spec, data, tolerance_fn, criterion)` runs every sample through the backend, then
+the first sample once more, each time on private copies of the sample's inputs (`private_inputs.py`: validation
+never changes the recorded samples), and checks:
 
 1. structure: the output has the same layout (containers, keys, field names, leaf kinds) as the recorded output;
 2. Python ints / floats are finite, tensors are finite - except where the recorded reference has the same
@@ -9,13 +10,23 @@ every leaf of the (nested) output:
 3. tensors have the recorded dtype and a shape consistent with the output spec: the rank, every static axis, and
    every batch / dynamic axis equal to the reference's size for that sample (within the spec's [min, max] when a
    sample has no reference);
-4. values agree with `sample.output`: `|out - ref| <= atol + rtol * |ref|` element-wise on float64 copies (complex:
-   complex128), with `(rtol, atol) = tolerance_fn(dtype)`; integers and bools exactly; other constants by value for
-   simple types (None, str, bool, ...) and by type otherwise (e.g. a cache object in a model output).
+4. values agree with `sample.output`: floating tensors by the rule of `criterion.py` (whole-tensor L2 error within
+   the element-wise allowance `atol + rtol * |ref|`, at most a small fraction of elements outside that allowance,
+   none off by more than a cap scaled to the tensor's largest value), on float64 copies (complex: complex128),
+   with `(rtol, atol) = tolerance_fn(dtype)`; integers and bools exactly; other constants by value for simple
+   types (None, str, bool, ...) and by their own `==` otherwise (e.g. a cache object in a model output);
+5. inputs: the backend left the tensors in its inputs (and in argument objects) unchanged, unless the original
+   module changes them too (`Sample.mutates_inputs`);
+6. output aliasing (`kept_outputs.py`): the tensors returned for the first sample (and written into its argument
+   objects) still hold their values after every later call, the first sample's repeat included. A backend that
+   reuses its output buffers (a CUDA-graph replay) fails with "output buffer reused / overwritten by a later call".
 
 The first failure raises `ValidationError` naming the backend, the sample, the output path, and for value
-mismatches the number of bad elements, the max absolute and relative errors with their index and values.
-Large tensors are compared in chunks, so validation does not need float64 copies of whole outputs at once.
+mismatches a `ValidationError` from `criterion.mismatch_error` whose message and `closeness` attribute give the
+number of elements outside the
+element-wise tolerance and how many were allowed, the max absolute error with its index and values and its cap,
+and the relative L2 error with its limit. Large tensors are compared in chunks, so validation does not need
+float64 copies of whole outputs at once.
 """
 
 from __future__ import annotations
@@ -27,7 +38,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.errors import ValidationError
+from aitune_core.log import get_logger
 from aitune_core.specs.tree import TENSOR, flatten
+from aitune_core.validation.criterion import Criterion, FloatComparison, mismatch_error
+from aitune_core.validation.kept_outputs import KeptOutputs
+from aitune_core.validation.private_inputs import PrivateInputs, has_floating_tensors
 from aitune_core.validation.tolerance import Tolerance
 
 if TYPE_CHECKING:
@@ -36,6 +51,8 @@ if TYPE_CHECKING:
     from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.specs.sample_metadata import SampleMetadata
     from aitune_core.specs.tensor_spec import TensorSpec
+
+_logger = get_logger("validation")
 
 ToleranceFn = Callable[[torch.dtype], Tolerance]
 
@@ -48,34 +65,79 @@ def validate_backend(
     graph_spec: GraphSpec,
     data: Sequence[Sample],
     tolerance_fn: ToleranceFn | None = None,
+    criterion: Criterion | None = None,
 ) -> None:
-    """Run every sample through `backend` and check its outputs (see the module docstring).
+    """Run every sample through `backend` and check its outputs and inputs (see the module docstring).
 
-    `tolerance_fn(dtype)` defaults to `backend.tolerance`. Raises `ValidationError` on the first problem.
+    `tolerance_fn(dtype)` defaults to `backend.tolerance`, `criterion` to `Criterion.from_config()`. Raises
+    `ValidationError` on the first problem (for values not close enough, with a `closeness` attribute).
     """
     tolerance_fn = tolerance_fn or backend.tolerance
-    device = backend.device
+    criterion = criterion or Criterion.from_config()
     if not data:
         raise ValidationError(f"{backend.describe()}: no samples to validate graph {graph_spec.name} with")
+    kept: KeptOutputs | None = None
     with torch.no_grad():
         for index, sample in enumerate(data):
-            args, kwargs = sample.inputs_to(device) if device is not None else (sample.args, sample.kwargs)
-            try:
-                output = backend.infer(*args, **kwargs)
-            except ValidationError:
-                raise
-            except Exception as exc:
-                raise ValidationError(
-                    f"{backend.describe()} failed on sample {index} of graph {graph_spec.name}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            validate_output(
-                output,
-                sample.output,
-                graph_spec.output_spec,
-                tolerance_fn,
-                context=f"{backend.describe()} (graph {graph_spec.name}, sample {index})",
-            )
+            where = f"{backend.describe()} (graph {graph_spec.name}, sample {index})"
+            output, written = _run_sample(backend, sample, where)
+            if kept is None:
+                kept = KeptOutputs(output, written, label="sample 0")
+            else:
+                kept.check(f"sample {index}", where)
+            validate_output(output, sample.output, graph_spec.output_spec, tolerance_fn, context=where,
+                            criterion=criterion)
+        assert kept is not None
+        _run_repeat(backend, graph_spec, data[0], kept, tolerance_fn, criterion)
+
+
+def _call(backend: Backend, inputs: PrivateInputs, where: str) -> Any:
+    try:
+        return backend.infer(*inputs.args, **inputs.kwargs)
+    except ValidationError:
+        raise
+    except Exception as exc:
+        raise ValidationError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _run_sample(backend: Backend, sample: Sample, where: str) -> tuple[Any, list[tuple[str, torch.Tensor]]]:
+    """One backend call on private copies of the sample's inputs; returns the output and the tensors it wrote
+    into argument objects. Raises `ValidationError` when the call fails or mutates inputs it must not."""
+    inputs = PrivateInputs(sample, backend.device)
+    output = _call(backend, inputs, where)
+    return output, inputs.check(where)
+
+
+def _run_repeat(
+    backend: Backend,
+    graph_spec: GraphSpec,
+    sample: Sample,
+    kept: KeptOutputs,
+    tolerance_fn: ToleranceFn,
+    criterion: Criterion,
+) -> None:
+    """Sample 0 once more, its floating inputs shuffled when it has any, then the aliasing check.
+
+    A backend that keeps one output buffer per input shape overwrites sample 0's outputs here even when no other
+    sample has sample 0's shapes. Shuffled inputs are not a recorded call, so that output is not compared with
+    anything, and a failure of the call only means the inputs did not suit the model: the aliasing check still runs.
+    """
+    perturb = has_floating_tensors(sample)
+    label = "sample 0 with shuffled inputs" if perturb else "sample 0 run again"
+    where = f"{backend.describe()} (graph {graph_spec.name}, {label})"
+    inputs = PrivateInputs(sample, backend.device, perturb=perturb)
+    try:
+        output = _call(backend, inputs, where)
+    except ValidationError as exc:
+        if not perturb:
+            raise
+        _logger.debug("%s: %s", where, exc)
+        kept.check(label, where)
+        return
+    inputs.check(where)
+    kept.check(label, where)
+    if not perturb:
+        validate_output(output, sample.output, graph_spec.output_spec, tolerance_fn, context=where, criterion=criterion)
 
 
 def validate_output(
@@ -85,8 +147,13 @@ def validate_output(
     tolerance_fn: ToleranceFn,
     *,
     context: str = "backend",
+    criterion: Criterion | None = None,
 ) -> None:
-    """Check one output against the recorded `reference` (None: only finiteness, structure and the spec's shapes)."""
+    """Check one output against the recorded `reference` (None: only finiteness, structure and the spec's shapes).
+
+    `criterion` (default `Criterion.from_config()`) decides when a floating tensor is close enough.
+    """
+    criterion = criterion or Criterion.from_config()
     out_leaves, out_tree = flatten(output)
     if reference is not None:
         ref_leaves, ref_tree = flatten(reference)
@@ -120,7 +187,7 @@ def validate_output(
     for (locator, value), ref, spec in zip(out_leaves, references, specs):
         path = f"output{locator}" if locator else "output"
         if isinstance(value, torch.Tensor):
-            _check_tensor(value, ref, spec, tolerance_fn, f"{context}: {path}")
+            _check_tensor(value, ref, spec, tolerance_fn, criterion, f"{context}: {path}")
         else:
             _check_constant(value, ref, reference is not None, tolerance_fn, f"{context}: {path}")
 
@@ -221,7 +288,7 @@ def _is_exact_dtype(dtype: torch.dtype) -> bool:
 
 
 def _check_tensor(
-    value: torch.Tensor, ref: Any, spec: TensorSpec | None, tolerance_fn: ToleranceFn, where: str
+    value: torch.Tensor, ref: Any, spec: TensorSpec | None, tolerance_fn: ToleranceFn, criterion: Criterion, where: str
 ) -> None:
     if ref is not None and not isinstance(ref, torch.Tensor):
         raise ValidationError(f"{where} is a tensor, the original module returned {type(ref).__name__}")
@@ -245,73 +312,60 @@ def _check_tensor(
                 )
         return
 
-    tol = tolerance_fn(value.dtype)
-    reference = ref.to(value.device) if isinstance(ref, torch.Tensor) else None
+    _check_floats(value, ref if isinstance(ref, torch.Tensor) else None, tolerance_fn(value.dtype), criterion, where)
+
+
+def _check_floats(
+    value: torch.Tensor, ref: torch.Tensor | None, tol: Tolerance, criterion: Criterion, where: str
+) -> None:
+    """Non-finite values first, then the closeness rule of `criterion.py` (chunked float64 comparison)."""
     wide = torch.complex128 if value.is_complex() else torch.float64
     flat_out = value.detach().reshape(-1)
-    flat_ref = reference.detach().reshape(-1) if reference is not None else None
-
+    flat_ref = ref.detach().to(value.device).reshape(-1) if ref is not None else None
     total = flat_out.numel()
+    comparison = FloatComparison(tol, total) if flat_ref is not None else None
     nonfinite_bad = 0
-    first_nonfinite: int | None = None
-    bad = 0
-    max_abs, max_abs_at = -1.0, 0
-    max_rel = 0.0
-    first_mismatch: int | None = None
+    first_nonfinite = 0
     for start in range(0, total, _CHUNK):
         o = flat_out[start : start + _CHUNK].to(wide)
-        finite_o = torch.isfinite(o)
-        if flat_ref is None:
-            nf = ~finite_o
-            count = int(nf.sum())
-            if count:
-                nonfinite_bad += count
-                if first_nonfinite is None:
-                    first_nonfinite = start + int(nf.nonzero()[0])
-            continue
-        r = flat_ref[start : start + _CHUNK].to(wide)
-        finite_r = torch.isfinite(r)
-        same_special = (torch.isnan(o) & torch.isnan(r)) | (~finite_r & ~torch.isnan(r) & (o == r))
-        # a non-finite output is only allowed where the reference has the same non-finite value
-        nf = ~finite_o & ~same_special
-        count = int(nf.sum())
+        bad = ~torch.isfinite(o)
+        if flat_ref is not None:
+            r = flat_ref[start : start + _CHUNK].to(wide)
+            # a non-finite output is only allowed where the reference has the same non-finite value
+            bad &= ~((torch.isnan(o) & torch.isnan(r)) | (~torch.isnan(r) & (o == r)))
+        count = int(bad.sum())
         if count:
+            if not nonfinite_bad:
+                first_nonfinite = start + int(bad.nonzero()[0])
             nonfinite_bad += count
-            if first_nonfinite is None:
-                first_nonfinite = start + int(nf.nonzero()[0])
             continue
-        both_finite = finite_o & finite_r
-        abs_err = torch.where(both_finite, (o - r).abs(), torch.zeros((), dtype=torch.float64, device=o.device))
-        allowed = tol.atol + tol.rtol * torch.where(both_finite, r.abs(), torch.zeros((), dtype=torch.float64,
-                                                                                        device=o.device))
-        mismatch = (abs_err > allowed) | (~same_special & ~both_finite)  # reference non-finite, output finite
-        bad += int(mismatch.sum())
-        chunk_max, chunk_at = torch.max(abs_err, dim=0)
-        if float(chunk_max) > max_abs:
-            max_abs, max_abs_at = float(chunk_max), start + int(chunk_at)
-        rel = abs_err / r.abs().clamp_min(torch.finfo(torch.float64).tiny)
-        rel = torch.where(both_finite & (abs_err > 0), rel, torch.zeros((), dtype=torch.float64, device=o.device))
-        max_rel = max(max_rel, float(rel.max()))
-        if first_mismatch is None and bool(mismatch.any()):
-            first_mismatch = start + int(mismatch.nonzero()[0])
+        if comparison is not None and not nonfinite_bad:
+            comparison.add(o, r, start)
 
     if nonfinite_bad:
-        at = _unravel(first_nonfinite or 0, value.shape)
-        got = flat_out[first_nonfinite or 0].item()
-        expected = f", expected {flat_ref[first_nonfinite or 0].item()!r}" if flat_ref is not None else ""
+        at = _unravel(first_nonfinite, value.shape)
+        got = flat_out[first_nonfinite].item()
+        expected = f", expected {flat_ref[first_nonfinite].item()!r}" if flat_ref is not None else ""
         raise ValidationError(
             f"{where} has {nonfinite_bad} non-finite values (NaN/inf) where the original module's output has none; "
             f"first at index {at}: got {got!r}{expected}"
         )
-    if flat_ref is None or not bad:
+    if comparison is None or flat_ref is None:
         return
-    at = _unravel(max_abs_at, value.shape)
-    first = first_mismatch or 0
-    raise ValidationError(
-        f"{where} differs from the original module's output: {bad}/{total} elements outside tolerance ({tol}); "
-        f"max abs error {max_abs:.3g} at index {at} (got {flat_out[max_abs_at].item():.6g}, expected "
-        f"{flat_ref[max_abs_at].item():.6g}); max rel error {max_rel:.3g}; first mismatch at index "
-        f"{_unravel(first, value.shape)} (got {flat_out[first].item():.6g}, expected {flat_ref[first].item():.6g})"
+    closeness = comparison.closeness(criterion)
+    if closeness.accepted:
+        return
+    worst, first = comparison.max_abs_at, comparison.first_mismatch or 0
+    raise mismatch_error(
+        f"{where} differs from the original module's output ({'; '.join(closeness.failed_checks)}): "
+        f"{closeness.outliers}/{total} elements outside tolerance ({tol}), {closeness.allowed_outliers} allowed; "
+        f"max abs error {closeness.max_abs_error:.3g} at index {_unravel(worst, value.shape)} "
+        f"(got {flat_out[worst].item():.6g}, expected {flat_ref[worst].item():.6g}), cap {closeness.cap:.3g}; "
+        f"relative L2 error {closeness.rel_l2:.3g} (limit {closeness.rel_l2_limit:.3g}); "
+        f"max rel error {closeness.max_rel_error:.3g}; first mismatch at index {_unravel(first, value.shape)} "
+        f"(got {flat_out[first].item():.6g}, expected {flat_ref[first].item():.6g})",
+        closeness,
+        where,
     )
 
 
