@@ -144,3 +144,26 @@ def test_jit_tuned_block_matches_eager_across_twenty_swaps(tmp_path):
                 torch.testing.assert_close(block(x), want, atol=0.1, rtol=0.1,
                                            msg=lambda m, step=step: f"swap {step}: {m}")
             assert not node.dispatcher.watch.stale()
+
+
+def test_the_torch_patches_come_off_with_the_jit():
+    import gc
+
+    from jit_helpers import CountingBackend, make_mlp
+
+    from aitune_core.backends import module_epoch
+    from aitune_jit.switch import disable
+
+    gc.collect()  # watches of earlier tests
+    original = torch.nn.Module.__dict__["__setattr__"]
+    jit_config.min_parameters = 0
+    jit_config.strategy = OneBackendStrategy(CountingBackend())
+    net = make_mlp()
+    enable()
+    with torch.no_grad():
+        for _ in range(3):
+            net(torch.randn(3, 32))
+    assert PatchedModule.of(net).state is NodeState.TUNED and module_epoch.installed()
+    disable()
+    assert not module_epoch.installed()  # no garbage collection needed
+    assert torch.nn.Module.__dict__["__setattr__"] is original
