@@ -213,10 +213,3 @@ class ModuleWatch:
         if key not in self._noted:
             self._noted.add(key)
             _logger.info("Module `%s`: %s", self.name, message)
-
-    def forget(self, backend: Backend) -> None:
-        """`backend` no longer serves (e.g. it failed at run time): stop tracking its weights."""
-        self._baked = [b for b in self._baked if b is not backend]
-        self._baselines.pop(id(backend), None)
-        if not self._baked:
-            self._versions = ()
