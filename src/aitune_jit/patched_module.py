@@ -624,8 +624,13 @@ class PatchedModule:
 
     def _new_dispatcher(self) -> GraphDispatcher:
         from aitune_core.backends.dispatcher import GraphDispatcher
+        from aitune_core.backends.module_watch import ModuleWatch
 
-        return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed)
+        module = self.module
+        previous = self._dispatcher.watch if self._dispatcher is not None else None
+        watch = ModuleWatch(module, self.backends, self.path, previous) if module is not None else None
+        return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
+                               watch=watch, original=self._forward_fn)
 
     # ------------------------------------------------------------------------------------------ transitions
     def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:

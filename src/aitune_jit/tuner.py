@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aitune_core.backends.module_watch import submodule_hooks
 from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
@@ -129,6 +130,19 @@ def _worthless(
     return True
 
 
+def _hooked(node: PatchedModule, module: torch.nn.Module, first: bool) -> bool:
+    """Hooks on submodules (or global module hooks): no backend would run them, and probing the module would
+    fire them with recorded inputs. Such a node is not tuned as a whole; its children are (docs/architecture.md,
+    "Tuned modules follow the model")."""
+    hooks = submodule_hooks(module)
+    if not hooks:
+        return False
+    if first:
+        node.go_eager(f"{hooks} hook(s) are registered on its submodules (or globally); its submodules are tuned "
+                      "instead")
+    return True
+
+
 def _tune_node(node: PatchedModule) -> None:
     cfg = jit_config
     cfg.validate()  # invalid options fail here at the latest, with the option's name
@@ -144,6 +158,8 @@ def _tune_node(node: PatchedModule) -> None:
         node._proxy = ForwardOnly(module, node._forward_fn)  # type: ignore[arg-type]
     proxy = node._proxy
     cache_dir = cfg.cache_dir / _UNSAFE.sub("_", node.path)
+    if _hooked(node, module, first):
+        return
     if first:
         uncomparable = _uncomparable_output(samples)
         if uncomparable is not None:
