@@ -47,7 +47,9 @@ import wrapt
 from aitune_aot.registry import MODULE_REGISTRY, default_name, sanitize_name
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.config import config
+from aitune_core.errors import NotReplayableError
 from aitune_core.log import SEPARATOR, THIN_SEPARATOR, timed
+from aitune_core.recording.argument_watch import ArgumentWatch
 
 if TYPE_CHECKING:
     from aitune_core.backends.dispatcher import GraphDispatcher
@@ -173,6 +175,7 @@ class Module(wrapt.CallableObjectProxy):
         self._self_state = ModuleState.INIT
         self._self_recorder: GraphRecorder | None = None
         self._self_prev_recorder: GraphRecorder | None = None
+        self._self_not_replayable: str | None = None  # what the forward changed in its arguments, when it did
         self._self_graphs: list[tuple[GraphSpec, Backend]] = []
         self._self_dispatcher: GraphDispatcher | None = None
         self._self_backend_failed = False
@@ -246,15 +249,29 @@ class Module(wrapt.CallableObjectProxy):
         local.busy = True
         try:
             if state is ModuleState.RECORDING:
-                output = self._self_orig_forward(*args, **kwargs)
-                self._self_recorder.record(args, kwargs, output)  # batch size: from the global context
-                return output
+                return self._recorded_call(args, kwargs)
             if not self._self_active:  # deactivated while other modules tune: run eagerly
                 return self._self_orig_forward(*args, **kwargs)
             with _hooks_hidden(self.__wrapped__):  # the caller's __call__ fires them, once
                 return self._self_dispatcher(*args, **kwargs)
         finally:
             local.busy = False
+
+    def _recorded_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the original forward and record the call as the forward received it; a forward that changes its
+        arguments (a KV cache it appends to) is remembered as not replayable, and `tune` refuses it."""
+        recorder = self._self_recorder
+        watch = ArgumentWatch.before(args, kwargs, recorder.binder.positional)
+        output = self._self_orig_forward(*args, **kwargs)
+        changed = watch.changes()
+        if changed is not None:
+            if self._self_not_replayable is None:
+                self._self_not_replayable = changed
+                _logger.warning("Module %r: its forward changes %s; its calls cannot be replayed for tuning",
+                                self._self_name, changed)
+            return output
+        recorder.record(watch.args, watch.kwargs, output)  # batch size: from the global context
+        return output
 
     def _backend_failed(self, backend: Backend, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A tuned backend raised at run time: answer with the original forward, and warn once if that works.
@@ -394,6 +411,7 @@ class Module(wrapt.CallableObjectProxy):
             from aitune_core.recording.graph_recorder import GraphRecorder
 
             self._self_recorder = GraphRecorder(self._self_orig_forward, name=self._self_name)
+            self._self_not_replayable = None
         self._self_state = ModuleState.RECORDING
 
     def activate(self) -> None:
@@ -476,6 +494,11 @@ class Module(wrapt.CallableObjectProxy):
         if self._self_state is ModuleState.TUNED:
             raise ValueError(
                 f"Module {self._self_name!r} has already been tuned; enable_recording(force=True) resets it"
+            )
+        if self._self_not_replayable is not None:
+            raise NotReplayableError(
+                f"Module {self._self_name!r} cannot be tuned: its forward changes {self._self_not_replayable}, so "
+                "its calls cannot be replayed (wrap a submodule that leaves its arguments alone instead)"
             )
         if self._self_state is not ModuleState.RECORDING or not self.graph_specs:
             raise ValueError(
