@@ -32,7 +32,6 @@ written by `aitune.torch.save` / `load`.
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -48,6 +47,7 @@ from aitune_aot.registry import MODULE_REGISTRY, default_name, sanitize_name
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.config import config
 from aitune_core.errors import NotReplayableError
+from aitune_core.forward_slot import ForwardSlot
 from aitune_core.log import SEPARATOR, THIN_SEPARATOR, timed
 from aitune_core.recording.argument_watch import ArgumentWatch
 
@@ -63,9 +63,6 @@ _logger = logging.getLogger("aitune.aot.module")
 
 StrategyList = Sequence["TuneStrategy"]
 StrategyMap = Mapping[str, "TuneStrategy"]
-
-_WRAPPER_ATTR = "__aitune_module__"
-
 
 def _first_wins_default_backends() -> TuneStrategy:
     from aitune_core.strategies.defaults import default_strategy as core_default_strategy
@@ -95,8 +92,9 @@ def find_wrapper(module: Any) -> Module | None:
     """The aitune Module wrapping `module` (a proxy or the raw module whose forward it routes), else None."""
     if isinstance(module, Module):
         return module
-    forward = getattr(module, "__dict__", {}).get("forward")
-    return getattr(forward, _WRAPPER_ATTR, None)
+    slot = ForwardSlot.of(module)
+    owner = slot.owner if slot is not None else None
+    return owner if isinstance(owner, Module) else None
 
 
 def _module_device(module: torch.nn.Module) -> torch.device | None:
@@ -184,8 +182,7 @@ class Module(wrapt.CallableObjectProxy):
         self._self_orig_forward = module.forward
         explicit = sanitize_name(name)
         self._self_name = MODULE_REGISTRY.register(explicit or default_name(module), self, explicit=bool(explicit))
-        self._self_routed_forward = self._make_routed_forward()
-        self._install_routed_forward()
+        self._self_slot = ForwardSlot(module, self._route_call, owner=self, label=self._self_name).install()
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -210,35 +207,20 @@ class Module(wrapt.CallableObjectProxy):
             if not isinstance(value, TuneStrategy):
                 raise TypeError(f"strategies must hold TuneStrategy instances, got {type(value).__name__}")
 
-    def _make_routed_forward(self) -> Callable[..., Any]:
-        route = self._route
-        original = self._self_orig_forward
-        is_compiling = torch.compiler.is_compiling
-
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if is_compiling():  # dynamo traces the module's own forward, never the routing
-                return original(*args, **kwargs)
-            return route(*args, **kwargs)
-
-        setattr(forward, _WRAPPER_ATTR, self)
-        return forward
+    def _route_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._route(*args, **kwargs)
 
     def _install_routed_forward(self) -> None:
-        object.__setattr__(self.__wrapped__, "forward", self._self_routed_forward)
+        self._self_slot.install()
 
     def _remove_routed_forward(self) -> None:
-        self.__wrapped__.__dict__.pop("forward", None)
+        self._self_slot.remove()
 
     @contextmanager
     def _original_forward(self) -> Iterator[torch.nn.Module]:
         """The wrapped module with its own forward and no forward hooks, for strategies and backends."""
-        self._remove_routed_forward()
-        try:
-            with _hooks_hidden(self.__wrapped__):
-                yield self.__wrapped__
-        finally:
-            self._install_routed_forward()
+        with self._self_slot.suspended(), _hooks_hidden(self.__wrapped__):
+            yield self.__wrapped__
 
     # ------------------------------------------------------------------ call routing
     def _route(self, *args: Any, **kwargs: Any) -> Any:
