@@ -49,6 +49,7 @@ from aitune_core.config import config
 from aitune_core.errors import NotReplayableError
 from aitune_core.forward_slot import ForwardSlot
 from aitune_core.log import SEPARATOR, THIN_SEPARATOR, timed
+from aitune_core.module_info import module_device
 from aitune_core.recording.argument_watch import ArgumentWatch
 
 if TYPE_CHECKING:
@@ -95,14 +96,6 @@ def find_wrapper(module: Any) -> Module | None:
     slot = ForwardSlot.of(module)
     owner = slot.owner if slot is not None else None
     return owner if isinstance(owner, Module) else None
-
-
-def _module_device(module: torch.nn.Module) -> torch.device | None:
-    for tensor in module.parameters():
-        return tensor.device
-    for tensor in module.buffers():
-        return tensor.device
-    return None
 
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
@@ -311,7 +304,7 @@ class Module(wrapt.CallableObjectProxy):
     @property
     def device(self) -> torch.device:
         """Device of the wrapped module's first parameter or buffer (CPU for a module without tensors)."""
-        return _module_device(self.__wrapped__) or torch.device("cpu")
+        return module_device(self.__wrapped__) or torch.device("cpu")
 
     @property
     def graph_specs(self) -> list[GraphSpec]:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_core.forward_slot import ForwardSlot, SlotForward
+from aitune_core.module_info import count_parameters
 from aitune_core.recording.argument_watch import ArgumentWatch
 from aitune_jit.config import jit_config
 from aitune_jit.range_growth import RangeGrowth
@@ -58,16 +59,6 @@ def format_count(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.1f}{unit}"
     return str(count)  # pragma: no cover
-
-
-def count_parameters(module: torch.nn.Module) -> int:
-    total = 0
-    for parameter in module.parameters():
-        try:
-            total += parameter.numel()
-        except (RuntimeError, ValueError):  # lazy (uninitialized) parameters
-            continue
-    return total
 
 
 class PatchedModule:
