@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from aitune_aot.module import Module, _hooks_hidden
+from aitune_aot.hooks_hidden import hooks_hidden
+from aitune_aot.module import Module
 from aitune_aot.registry import MODULE_REGISTRY
 from aitune_core.backends.backend import Backend, BackendState
 
@@ -36,7 +37,7 @@ def original_forward(target: Module | torch.nn.Module) -> Iterator[torch.nn.Modu
         with target._original_forward() as module:
             yield module
     else:
-        with _hooks_hidden(target):
+        with hooks_hidden(target):
             yield target
 
 

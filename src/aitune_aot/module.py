@@ -43,7 +43,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import wrapt
 
+from aitune_aot.hooks_hidden import hooks_hidden
 from aitune_aot.registry import MODULE_REGISTRY, default_name, sanitize_name
+from aitune_aot.strategy_choice import strategies_for, validate_strategies
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.config import config
 from aitune_core.errors import NotReplayableError
@@ -98,28 +100,6 @@ def find_wrapper(module: Any) -> Module | None:
     return owner if isinstance(owner, Module) else None
 
 
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
-
-
-@contextmanager
-def _hooks_hidden(module: torch.nn.Module) -> Iterator[None]:
-    """Run a block with the module's forward (pre-)hooks temporarily removed; hooks added meanwhile are kept."""
-    state = module.__dict__
-    saved = [state[name] for name in _HOOK_DICTS]
-    if not any(saved):
-        yield
-        return
-    for name in _HOOK_DICTS:
-        state[name] = OrderedDict()
-    try:
-        yield
-    finally:
-        for name, hooks in zip(_HOOK_DICTS, saved):
-            added = state[name]
-            hooks.update(added)
-            state[name] = hooks
-
-
 class Module(wrapt.CallableObjectProxy):
     """AITune module wrapper: behaves like the wrapped torch module and adds recording, tuning and dispatch.
 
@@ -159,7 +139,7 @@ class Module(wrapt.CallableObjectProxy):
                 f"this {type(module).__name__} has an instance-level forward (patched by another tool); "
                 "aitune cannot route its calls"
             )
-        self._validate_strategies(strategy, strategies)
+        validate_strategies(strategy, strategies)
         super().__init__(module)
         self._self_strategy = strategy
         self._self_strategies = strategies
@@ -177,29 +157,6 @@ class Module(wrapt.CallableObjectProxy):
         self._self_name = MODULE_REGISTRY.register(explicit or default_name(module), self, explicit=bool(explicit))
         self._self_slot = ForwardSlot(module, self._route_call, owner=self, label=self._self_name).install()
 
-    # ------------------------------------------------------------------ construction helpers
-    @staticmethod
-    def _validate_strategies(strategy: Any, strategies: Any) -> None:
-        if strategy is None and strategies is None:
-            return
-        from aitune_core.strategies.strategy import TuneStrategy
-
-        if strategy is not None and not isinstance(strategy, TuneStrategy):
-            raise TypeError(f"strategy must be a TuneStrategy, got {type(strategy).__name__}")
-        if strategies is None:
-            return
-        if isinstance(strategies, Mapping):
-            values = list(strategies.values())
-            if not all(isinstance(k, str) for k in strategies):
-                raise TypeError("strategies dict must map graph names (str, e.g. '0') to strategies")
-        elif isinstance(strategies, Sequence) and not isinstance(strategies, str):
-            values = list(strategies)
-        else:
-            raise TypeError(f"strategies must be a list or a dict of TuneStrategy, got {type(strategies).__name__}")
-        for value in values:
-            if not isinstance(value, TuneStrategy):
-                raise TypeError(f"strategies must hold TuneStrategy instances, got {type(value).__name__}")
-
     def _route_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._route(*args, **kwargs)
 
@@ -212,7 +169,7 @@ class Module(wrapt.CallableObjectProxy):
     @contextmanager
     def _original_forward(self) -> Iterator[torch.nn.Module]:
         """The wrapped module with its own forward and no forward hooks, for strategies and backends."""
-        with self._self_slot.suspended(), _hooks_hidden(self.__wrapped__):
+        with self._self_slot.suspended(), hooks_hidden(self.__wrapped__):
             yield self.__wrapped__
 
     # ------------------------------------------------------------------ call routing
@@ -227,7 +184,7 @@ class Module(wrapt.CallableObjectProxy):
                 return self._recorded_call(args, kwargs)
             if not self._self_active:  # deactivated while other modules tune: run eagerly
                 return self._self_orig_forward(*args, **kwargs)
-            with _hooks_hidden(self.__wrapped__):  # the caller's __call__ fires them, once
+            with hooks_hidden(self.__wrapped__):  # the caller's __call__ fires them, once
                 return self._self_dispatcher(*args, **kwargs)
         finally:
             local.busy = False
@@ -248,18 +205,8 @@ class Module(wrapt.CallableObjectProxy):
         recorder.record(watch.args, watch.kwargs, output)  # batch size: from the global context
         return output
 
-    def _backend_failed(self, backend: Backend, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """A tuned backend raised at run time: answer with the original forward, and warn once if that works.
-
-        If the original forward raises too, the call itself is at fault (the user's own error): that error
-        propagates as it would without aitune, and nothing is blamed on the backend.
-        """
-        try:
-            output = self._self_orig_forward(*args, **kwargs)
-        except Exception as own_error:
-            _logger.debug("Module `%s`: the original forward fails on this call too (backend error: %r)",
-                          self._self_name, exc)
-            raise own_error from None
+    def _backend_failed(self, backend: Backend, exc: Exception) -> None:
+        """A tuned backend raised at run time and the original forward answered the call: warn once."""
         if not self._self_backend_failed:
             self._self_backend_failed = True
             _logger.warning(
@@ -270,7 +217,6 @@ class Module(wrapt.CallableObjectProxy):
                 type(exc).__name__,
                 exc,
             )
-        return output
 
     def _refit_backend(self, backend: Backend) -> bool:
         """Refit a baked-weight backend from the module's own forward, without the routing (a copy of the module
@@ -413,40 +359,8 @@ class Module(wrapt.CallableObjectProxy):
 
     # ------------------------------------------------------------------ tuning
     def _strategies_for(self, graph_specs: Sequence[GraphSpec], strategy: TuneStrategy | None) -> list[TuneStrategy]:
-        fallback = self._self_strategy or strategy
-        strategies = self._self_strategies
-        if strategies is None:
-            chosen = fallback or default_strategy()
-            return [chosen] * len(graph_specs)
-        if isinstance(strategies, Mapping):
-            unknown = sorted(set(strategies) - {spec.name for spec in graph_specs})
-            if unknown:
-                _logger.warning(
-                    "Module `%s`: strategies given for graphs %s that were not recorded", self._self_name, unknown
-                )
-            out = []
-            for spec in graph_specs:
-                chosen = strategies.get(spec.name) or fallback
-                if chosen is None:
-                    chosen = default_strategy()
-                    _logger.info(
-                        "Module `%s`: no strategy for graph `%s`; using the default", self._self_name, spec.name
-                    )
-                out.append(chosen)
-            return out
-        if len(strategies) < len(graph_specs):
-            raise ValueError(
-                f"Module {self._self_name!r} recorded {len(graph_specs)} graphs but {len(strategies)} strategies "
-                "were given; give one per graph or a dict keyed by graph name"
-            )
-        if len(strategies) > len(graph_specs):
-            _logger.warning(
-                "Module `%s`: %d strategies given for %d recorded graphs; the extra ones are unused",
-                self._self_name,
-                len(strategies),
-                len(graph_specs),
-            )
-        return list(strategies[: len(graph_specs)])
+        return strategies_for(self._self_name, graph_specs, self._self_strategies, self._self_strategy or strategy,
+                              default_strategy)
 
     def _cache_dir(self, graph_spec: GraphSpec) -> Path:
         path = Path(config.cache_dir) / self._self_name / graph_spec.name
@@ -481,7 +395,7 @@ class Module(wrapt.CallableObjectProxy):
                 "(or use aitune.torch.tune(...)) before tuning"
             )
         if strategy is not None:
-            self._validate_strategies(strategy, None)
+            validate_strategies(strategy, None)
         device = torch.device(device) if device is not None else self.device
         recorder = self._self_recorder
         graph_specs = list(recorder.graph_specs)

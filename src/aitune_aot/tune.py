@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aitune_aot.module import Module, ModuleState
+from aitune_aot.module import ModuleState
 from aitune_aot.registry import MODULE_REGISTRY
 from aitune_aot.samples import samples_generator, validate_batch_sizes
+from aitune_aot.strategy_choice import validate_strategies
 from aitune_core.context import BATCH_SIZE_KEY, global_context
 from aitune_core.log import format_duration
 
@@ -96,7 +97,7 @@ def tune(
     if not callable(func):
         raise TypeError(f"func must be callable (a model or a function), got {type(func).__name__}")
     if strategy is not None:
-        Module._validate_strategies(strategy, None)
+        validate_strategies(strategy, None)
     sizes = validate_batch_sizes(batch_sizes)
     generator = samples_generator(dataset, sizes, max_num_batches_per_batch_size)
     if len(sizes) == 1:

@@ -535,17 +535,10 @@ class PatchedModule:
             return self._forward_fn(*args, **kwargs)  # type: ignore[misc]
         return self._recorded_call(self._forward_fn, args, kwargs)  # type: ignore[arg-type]
 
-    def _backend_failed(self, backend: Backend, exc: Exception, args: tuple, kwargs: dict) -> Any:
-        """A tuned backend raised at run time: answer this call eagerly and, if that works, run its graphs
-        eagerly from now on. If the original forward raises too, the call itself is at fault (the user's own
-        error, e.g. a check in their forward): that error propagates as without aitune, and the backend stays.
-        """
-        try:
-            output = self._forward_fn(*args, **kwargs)  # type: ignore[misc]
-        except Exception as own_error:
-            _logger.debug("%s: the original forward fails on this call too; keeping %s (backend error: %r)",
-                          self.path, backend.describe(), exc)
-            raise own_error from None  # the user's error, without aitune's backend error as its context
+    def _backend_failed(self, backend: Backend, exc: Exception) -> None:
+        """A tuned backend raised at run time and the original forward answered the call (the dispatcher did that;
+        had the original raised too, the call itself was at fault and nothing reaches here): run its graphs
+        eagerly from now on."""
         failed = [(spec, b) for spec, b in self._entries if b is backend]
         self._entries = [(spec, b) for spec, b in self._entries if b is not backend]
         for spec, _b in failed:
@@ -563,7 +556,6 @@ class PatchedModule:
             summary.record_tuned(self)  # the backends that are left
         else:
             self.go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
-        return output
 
     def _new_dispatcher(self) -> GraphDispatcher:
         from aitune_core.backends.dispatcher import GraphDispatcher

@@ -84,9 +84,8 @@ def test_backend_errors_go_to_the_handler_and_fallback_errors_to_the_caller(tmp_
     backend._infer = broken
     seen = []
 
-    def handler(failed, exc, args, kwargs):
+    def handler(failed, exc):  # the policy only: the dispatcher answered the call with the original forward
         seen.append((failed, str(exc)))
-        return model(*args, **kwargs)
 
     x = torch.randn(3, 8)
     with pytest.raises(RuntimeError, match="engine lost"):  # no handler: the backend's error propagates
@@ -180,3 +179,22 @@ def test_while_one_thread_refits_the_others_are_answered_by_the_original(tmp_pat
     refitting.join(10)
     dispatcher(x)
     assert calls["backend"] == 2  # the refitting thread's call and this one
+
+
+def test_when_the_original_forward_fails_too_the_users_error_propagates_and_the_backend_is_not_blamed(tmp_path):
+    import pytest
+
+    _model, spec, backend, _fallback, _calls = _setup(tmp_path)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("engine lost")
+
+    def original(x):
+        raise ValueError("the user's own check")
+
+    backend._infer = broken
+    blamed = []
+    dispatcher = GraphDispatcher([(spec, backend)], original, "m", on_backend_error=lambda b, exc: blamed.append(exc))
+    with pytest.raises(ValueError, match="the user's own check") as info:
+        dispatcher(torch.randn(3, 8))
+    assert info.value.__suppress_context__ and info.value.__cause__ is None and blamed == []  # no aitune chain shown

@@ -11,9 +11,12 @@ whether the backends may serve, refitting stale baked-weight backends through `r
 `refit.refit_backend`, synchronous); a call they may not serve goes to `original` (the module's own forward,
 not recorded: a call made in training mode or with a hook on a submodule is no sample of the tuned graph).
 
-A backend that raises at run time is the caller's policy (`on_backend_error`: the JIT drops that backend, the AOT
-wrapper warns): the handler gets the backend and the exception and returns the call's answer. Errors of the
-fallback itself (the user's own forward) always propagate.
+A backend that raises at run time (with an `on_backend_error` handler) is answered by the original forward, here,
+for every caller: if the original forward raises too, the call itself is at fault (the user's own error, e.g. a
+check in their forward) and that error propagates as without aitune, with nothing blamed on the backend;
+otherwise the handler - the caller's policy (the JIT drops that backend, the AOT wrapper warns once) - gets the
+backend and the exception, and the original's output is the call's answer. Errors of the fallback itself always
+propagate.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class GraphDispatcher:
         entries: Sequence[tuple[GraphSpec, Backend]],
         fallback: Callable[..., Any],
         name: str,
-        on_backend_error: Callable[[Backend, Exception, tuple[Any, ...], dict[str, Any]], Any] | None = None,
+        on_backend_error: Callable[[Backend, Exception], None] | None = None,
         *,
         watch: ModuleWatch | None = None,
         original: Callable[..., Any] | None = None,
@@ -107,7 +110,14 @@ class GraphDispatcher:
         try:
             return backend.infer(*args, **kwargs)
         except Exception as exc:
-            return self._on_backend_error(backend, exc, args, kwargs)
+            try:
+                output = self._original(*args, **kwargs)
+            except Exception as own_error:
+                _logger.debug("Module `%s`: the original forward fails on this call too (backend %s: %r)",
+                              self.name, backend.describe(), exc)
+                raise own_error from None  # the user's error, without aitune's backend error as its context
+            self._on_backend_error(backend, exc)
+            return output
 
     def settle(self) -> Verdict | None:
         """Review the module now if it changed (refitting stale backends) and return the verdict (None without a
