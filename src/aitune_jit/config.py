@@ -26,8 +26,12 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
 - `strategy` [None]: a `TuneStrategy`; None means `FirstWinsStrategy(backends)` when `backends` is set,
   else `default_strategy(device)`: `HighestThroughputStrategy` over `default_backends(device)`, measuring
   each candidate against eager at the recorded shapes in interleaved rounds (medians), on every device.
-- `cache_dir` [`$AITUNE_JIT_CACHE_DIR`, else `<aitune cache>/jit`]: where backends put artifacts. JIT mode
-  does not reuse them across runs.
+- `cache_dir` [`$AITUNE_JIT_CACHE_DIR`, else `<aitune cache>/jit`]: tuning decisions (JSON, shared by later
+  runs and by processes using the same folder) and backend artifacts; see `aitune_jit.decisions`.
+- `reuse_decisions` [True]: identical modules (same class, parameter shapes and graph) and later runs reuse a
+  tuning decision (only the chosen backend is built, then validated on the module's own samples).
+- `blocking` [False]: tune in the call that completes `min_samples` instead of on the background worker.
+- `tuning_timeout_s` [300]: a background tuning job still running after this long leaves its module eager.
 - `precision` [None]: None, "bf16" or "fp16"; adds autocast Inductor candidates to the default backends,
   validated with the tolerance of that dtype (opt-in: it changes numerics within that tolerance).
 - `min_speedup` [None: 1.05 on the CPU, 1.02 on CUDA]: the default strategy keeps a module eager unless a
@@ -108,6 +112,13 @@ def _optional_number(name: str, value: Any, minimum: float = 0.0) -> float | Non
     if value < minimum:
         raise ConfigError(f"jit_config.{name} must be >= {minimum:g}, got {value}")
     return float(value)
+
+
+def _positive_number(name: str, value: Any) -> float:
+    number = _optional_number(name, value)
+    if number is None or number <= 0:
+        raise ConfigError(f"jit_config.{name} must be a number > 0, got {value!r}")
+    return number
 
 
 def _min_speedup(name: str, value: Any) -> float | None:
@@ -286,6 +297,9 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "min_speedup": (_min_speedup, lambda: None, _env_optional_float),
     "min_eager_latency_us": (_optional_number, lambda: None, _env_optional_float),
     "skip_single_layer": (_bool, lambda: True, _env_bool),
+    "reuse_decisions": (_bool, lambda: True, _env_bool),
+    "blocking": (_bool, lambda: False, _env_bool),
+    "tuning_timeout_s": (_positive_number, lambda: 300.0, float),
 }
 
 
@@ -303,6 +317,9 @@ _ACCEPTED: dict[str, str] = {
     "strategy": "nothing (set jit_config.strategy in code)",
     "cache_dir": "a folder path",
     "precision": "none, bf16 or fp16",
+    "tuning_timeout_s": "a number of seconds > 0",
+    "reuse_decisions": "a boolean (1/0, true/false, yes/no, on/off)",
+    "blocking": "a boolean (1/0, true/false, yes/no, on/off)",
 }
 
 
@@ -343,6 +360,9 @@ class JitConfig:
     min_speedup: float | None
     min_eager_latency_us: float | None
     skip_single_layer: bool
+    reuse_decisions: bool
+    blocking: bool
+    tuning_timeout_s: float
 
     def __init__(self, *, read_env: bool = True, **options: Any) -> None:
         self.reset(read_env=read_env)

@@ -497,7 +497,7 @@ class PatchedModule:
 
     def _record(self, args: tuple, kwargs: dict, output: Any, watch: ArgumentWatch | None = None) -> None:
         recorder = self._recorder
-        if recorder is None:
+        if recorder is None or self._tuning:  # the worker reads the recorder now; this call stays eager
             return
         if watch is not None:
             changed = watch.changes()
@@ -543,6 +543,13 @@ class PatchedModule:
             self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
 
     def _try_tune(self) -> None:
+        if not jit_config.blocking:  # the call that made a graph ready never waits: the worker tunes it
+            if not self._tuning:
+                from aitune_jit import tuner, worker
+
+                self._tuning, self._pending = True, False
+                worker.submit(self, tuner.tune_queued)
+            return
         if not self._tune_lock.acquire(blocking=False):
             return  # another thread tunes a module of this root now; try again on a later call
         try:

@@ -83,6 +83,11 @@ def summary_lines() -> list[str]:
             else " (speed not measured)"
         )
         lines.append(f"  🎯 {record.path} ({record.short}, level {record.level}): {', '.join(record.backends)}{speed}")
+    from aitune_jit.worker import unfinished_at_exit
+
+    unfinished = unfinished_at_exit()
+    if unfinished:
+        lines.append(f"  ⏳ still tuning at exit (ran eagerly): {', '.join(unfinished[:10])}")
     eager = [node for node in nodes if node.state is NodeState.EAGER]
     for node in eager[:10]:
         lines.append(f"  ⚠️ {node.path} stayed eager: {node.reason}")
