@@ -39,6 +39,7 @@ _logger = logging.getLogger("aitune.jit")
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 
 _memory: dict[str, Decision] = {}
+_environments: dict[str, dict[str, str]] = {}  # key -> the environment part of that key (for `cache list`)
 _lock = threading.Lock()
 
 
@@ -46,6 +47,7 @@ def reset() -> None:
     """Forget the decisions taken in this process (the persistent store is untouched)."""
     with _lock:
         _memory.clear()
+        _environments.clear()
 
 
 def store() -> DecisionStore:
@@ -54,10 +56,21 @@ def store() -> DecisionStore:
 
 def point_inductor_cache() -> None:
     """Inductor's caches go under the aitune cache folder (so that replicas sharing that folder share compiled
-    kernels, and `cache clear` clears them), unless TORCHINDUCTOR_CACHE_DIR is set already (by the user, or by
-    torch itself once it compiled something)."""
-    if jit_config.reuse_decisions and INDUCTOR_CACHE_ENV not in os.environ:
-        os.environ[INDUCTOR_CACHE_ENV] = str(Path(jit_config.cache_dir) / INDUCTOR)
+    kernels, and `cache clear` clears them), unless someone chose their folder: TORCHINDUCTOR_CACHE_DIR is
+    left alone unless it is unset or torch's own default (torch writes its default into the variable when
+    dynamo is first imported)."""
+    if not jit_config.reuse_decisions:
+        return
+    current = os.environ.get(INDUCTOR_CACHE_ENV)
+    if current is not None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            if os.path.abspath(current) != os.path.abspath(default_cache_dir()):
+                return
+        except Exception:  # a torch without that helper: leave the variable alone
+            return
+    os.environ[INDUCTOR_CACHE_ENV] = str(Path(jit_config.cache_dir).absolute() / INDUCTOR)
 
 
 def keys_for(node: PatchedModule, graphs: list[GraphSpec], strategy: Any, device: torch.device) -> dict[str, str]:
@@ -68,7 +81,9 @@ def keys_for(node: PatchedModule, graphs: list[GraphSpec], strategy: Any, device
     keys = {}
     for spec in graphs:
         try:
-            keys[spec.name] = decision_key(module, spec, strategy, device)[0]
+            key, parts = decision_key(module, spec, strategy, device)
+            keys[spec.name] = key
+            _environments[key] = parts["environment"]
         except Exception:  # an odd module (e.g. a parameter without a shape): tuned normally
             _logger.debug("no decision key for %s graph %s", node.path, spec.name, exc_info=True)
     return keys
@@ -96,6 +111,7 @@ def remember(key: str | None, decision: Decision) -> None:
     """Keep a decision for identical modules and publish it to the store (never raises)."""
     if key is None or not jit_config.reuse_decisions:
         return
+    decision.environment = decision.environment or _environments.get(key, {})
     with _lock:
         _memory[key] = decision
     try:
@@ -106,12 +122,14 @@ def remember(key: str | None, decision: Decision) -> None:
 
 def remember_backend(key: str | None, node: PatchedModule, spec: GraphSpec, report: TuneReport) -> None:
     backend = report.backend
+    if key is None:
+        return
     try:
         config = backend.config.to_dict()
         decision = Decision(
-            key=key or "0", kind="backend", backend_type=type(backend).__name__, backend_config=config,
+            key=key, kind="backend", backend_type=type(backend).__name__, backend_config=config,
             backend_description=backend.describe(), source=node.path, speedup=report.speedup,
-            module=node.short, graph=spec.name, validated_samples=_validated_count(node, spec),
+            module=node.short, graph=graph_label(spec), validated_samples=_validated_count(node, spec),
         )
     except Exception:  # a config that is not plain data: not reusable
         _logger.debug("decision of %s not kept", node.path, exc_info=True)
@@ -120,8 +138,25 @@ def remember_backend(key: str | None, node: PatchedModule, spec: GraphSpec, repo
 
 
 def remember_eager(key: str | None, node: PatchedModule, spec: GraphSpec, reason: str, *, reopen: bool) -> None:
-    remember(key, Decision(key=key or "0", kind="eager", reason=reason, reopen=reopen, source=node.path,
-                           module=node.short, graph=spec.name))
+    if key is None:
+        return
+    try:
+        decision = Decision(key=key, kind="eager", reason=reason, reopen=reopen, source=node.path,
+                            module=node.short, graph=graph_label(spec))
+    except Exception:
+        _logger.debug("decision of %s not kept", node.path, exc_info=True)
+        return
+    remember(key, decision)
+
+
+def graph_label(spec: GraphSpec) -> str:
+    """`0: x float32[2..8,3,32,32]`: the graph's name and its input tensors, for `cache list`."""
+    tensors = []
+    for tensor in spec.input_spec.tensors[:3]:
+        dims = ",".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(tensor.min_shape, tensor.max_shape))
+        tensors.append(f"{tensor.name} {str(tensor.dtype).replace('torch.', '')}[{dims}]")
+    more = ", ..." if len(spec.input_spec.tensors) > 3 else ""
+    return f"{spec.name}: {', '.join(tensors)}{more}"
 
 
 def _validated_count(node: PatchedModule, spec: GraphSpec) -> int:

@@ -2,6 +2,9 @@
 
 Runs `script.py` as `__main__` (like `python script.py args...`: `sys.argv` and `sys.path[0]` are the script's)
 with JIT tuning switched on. Useful where autowrapt's start-up hook is not processed.
+
+`python -m aitune.torch.jit cache list|clear [--dir DIR]` shows or clears the persistent JIT cache
+(`cache_cli.py`); a script named `cache` is run as `./cache`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    options = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["cache"]:
+        from aitune_jit.cache_cli import main as cache_main
+
+        return cache_main(arguments[1:])
+    options = _parser().parse_args(arguments)
     script = options.script
     if not os.path.isfile(script):
         print(f"python -m aitune.torch.jit: can't open file {script!r}", file=sys.stderr)

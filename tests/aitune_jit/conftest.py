@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from torch._inductor.runtime import cache_dir_utils
 
 sys.path.insert(0, str(Path(__file__).parent))  # jit_helpers
 
@@ -21,11 +19,6 @@ from aitune_jit.switch import disable
 from aitune_jit.worker import wait_until_tuned
 
 ORIGINAL_CALL = torch.nn.Module.__call__
-
-
-# Inductor keeps its usual cache folder in tests (a warm cache keeps the suite fast); aitune only chooses one
-# when none is set (see aitune_jit.decisions.point_inductor_cache)
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", cache_dir_utils.default_cache_dir())
 
 
 def _test_config(tmp_path: Path) -> None:
