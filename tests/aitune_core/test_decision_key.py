@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -52,16 +53,18 @@ def test_graph_names_do_not_count_and_parts_are_readable():
     assert "name" not in graph_structure(spec)
     structure = module_structure(module)
     assert structure["class"] == "torch.nn.modules.linear.Linear"
-    assert structure["parameters"] == [["weight", [8, 8], "torch.float32", "cpu"], ["bias", [8], "torch.float32", "cpu"]]
+    expected = [["weight", [8, 8], "torch.float32", "cpu"], ["bias", [8], "torch.float32", "cpu"]]
+    assert structure["parameters"] == expected
     key, parts = decision_key(module, spec, FirstWinsStrategy([TorchEagerBackend()]), "cpu")
     assert len(key) == 64 and parts["environment"]["torch"] == torch.__version__
 
 
 def test_keys_are_stable_across_processes():
+    here = str(Path(__file__).parent)
     code = (
-        "import torch, sys; sys.path.insert(0, %r); import test_decision_key as t; torch.manual_seed(5);"
+        f"import torch, sys; sys.path.insert(0, {here!r}); import test_decision_key as t; torch.manual_seed(5);"
         "print(t._key(torch.nn.Linear(8, 8)))"
-    ) % str(__import__("pathlib").Path(__file__).parent)
+    )
     out = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
            for _ in range(2)]
     assert out[0] == out[1] == _key(torch.nn.Linear(8, 8))

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
-from resnet_app import build_model  # noqa: E402
+from resnet_app import build_model
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--deadline", type=float, default=240.0)
