@@ -21,8 +21,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m aitune.torch.jit",
         description="Run a Python script with aitune just-in-time tuning switched on.",
     )
-    parser.add_argument("--print-hierarchy", action="store_true", help="print the JIT hierarchy when the script ends")
-    parser.add_argument("--print-history", action="store_true", help="print the JIT tuning history when it ends")
+    parser.add_argument("--print-hierarchy", action="store_true",
+                        help="print the JIT hierarchy when the script ends (after background tuning finished)")
+    parser.add_argument("--print-history", action="store_true",
+                        help="print the JIT tuning history when it ends (after background tuning finished)")
     parser.add_argument("script", help="path of the script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
@@ -59,6 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if exc.code is not None and not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)
     finally:
+        if options.print_hierarchy or options.print_history:  # show what tuning decided, not where it was
+            from aitune_jit.config import jit_config
+            from aitune_jit.worker import wait_until_tuned
+
+            wait_until_tuned(timeout=jit_config.tuning_timeout_s)
         if options.print_hierarchy:
             PatchedModule.print_hierarchy()
         if options.print_history:

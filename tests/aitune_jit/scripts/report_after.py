@@ -3,7 +3,7 @@
     python report_after.py SCRIPT [ARGS...]
 
 The harness itself switches nothing on: whatever enabled JIT tuning (the env var, an import line in the
-script) happened inside the script's run.
+script) happened inside the script's run. It waits for background tuning to finish before it reports.
 """
 
 import json
@@ -15,5 +15,8 @@ sys.argv = sys.argv[1:]
 runpy.run_path(script, run_name="__main__")
 
 from aitune_jit.patched_module import PatchedModule  # noqa: E402
+from aitune_jit.worker import wait_until_tuned  # noqa: E402
+
+wait_until_tuned(timeout=300)  # the script may end while the background worker still tunes
 
 print("JIT-REPORT " + json.dumps({"hierarchy": PatchedModule.hierarchy_lines(), "history": PatchedModule.history}))
