@@ -10,9 +10,10 @@ with JIT tuning switched on. Useful where autowrapt's start-up hook is not proce
 from __future__ import annotations
 
 import argparse
+import builtins
 import os
-import runpy
 import sys
+import types
 from collections.abc import Sequence
 
 
@@ -28,6 +29,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("script", help="path of the script to run")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     return parser
+
+
+def run_as_main(script: str) -> None:
+    """Run `script` as `__main__`, like `python script.py`: its module stays `sys.modules["__main__"]` after it
+    returns (unlike `runpy.run_path`), so that background tuning that finishes after the script's last line
+    still finds the script's globals where dynamo looks for them. The caller restores `__main__` if it must."""
+    with open(script, "rb") as handle:
+        code = compile(handle.read(), script, "exec")
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=script, __builtins__=builtins, __loader__=None, __spec__=None, __package__=None)
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,8 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, script_dir)
     enable()
     code = 0
+    saved_main = sys.modules["__main__"]
     try:
-        runpy.run_path(script, run_name="__main__")
+        run_as_main(script)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if exc.code is not None and not isinstance(exc.code, int):
@@ -70,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             PatchedModule.print_hierarchy()
         if options.print_history:
             PatchedModule.print_history()
+        sys.modules["__main__"] = saved_main
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0

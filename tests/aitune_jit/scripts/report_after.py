@@ -7,12 +7,13 @@ script) happened inside the script's run. It waits for background tuning to fini
 """
 
 import json
-import runpy
 import sys
+
+from aitune_jit.launcher import run_as_main  # imports nothing of torch or aitune's hook
 
 script = sys.argv[1]
 sys.argv = sys.argv[1:]
-runpy.run_path(script, run_name="__main__")
+run_as_main(script)  # the script's module stays __main__ while background tuning finishes
 
 from aitune_jit.patched_module import PatchedModule  # noqa: E402
 from aitune_jit.worker import wait_until_tuned  # noqa: E402
