@@ -33,7 +33,9 @@ if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
     from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.strategies.strategy import TuneReport
-    from aitune_jit.patched_module import PatchedModule
+
+#: a `PatchedModule` (not imported: this file stays outside the node/hook/tuner import circle)
+PatchedModule = Any
 
 _logger = logging.getLogger("aitune.jit")
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"

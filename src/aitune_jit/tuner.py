@@ -105,7 +105,8 @@ def tune_queued(node: PatchedModule) -> None:
     try:
         node._pending = False
         try:
-            tune_node(node)
+            with bypassed(), torch.no_grad():  # this thread's module calls are aitune's own
+                tune_node(node)
         except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
             if not abandoned():
                 node._internal_error("tuning", exc)

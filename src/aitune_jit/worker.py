@@ -10,8 +10,8 @@ node, never half of it.
   in order. Each job runs on its own daemon thread, supervised: a job still running after
   `jit_config.tuning_timeout_s` is abandoned, its node stays eager (children closed), and the queue goes on;
   whatever the abandoned thread produces later is discarded (`abandoned()`).
-- The job thread bypasses the hook (nothing it runs is recorded), runs under `torch.no_grad()` and, on CUDA,
-  on its own stream, synchronized before the node switches.
+- The job (`tuner.tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
+  `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches.
 - Exit: the threads are daemons; at interpreter exit the worker waits at most `EXIT_WAIT_S` for the running
   job and starts no new one; the exit summary lists what was still tuning. A forked child (DataLoader worker,
   gunicorn) starts without a worker (`os.register_at_fork`); its nodes that were queued stay eager-running.
@@ -29,15 +29,14 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from aitune_jit.config import jit_config
-from aitune_jit.runtime import bypassed
 
-if TYPE_CHECKING:
-    from aitune_jit.patched_module import PatchedModule
+#: a `PatchedModule` (not imported: the worker stays outside the node/hook/tuner import circle)
+PatchedModule = Any
 
 _logger = logging.getLogger("aitune.jit")
 #: longest wait for a running job at interpreter exit (seconds)
@@ -47,7 +46,7 @@ EXIT_WAIT_S = 5.0
 class _Job:
     __slots__ = ("abandoned", "node_ref", "path", "started")
 
-    def __init__(self, node: PatchedModule) -> None:
+    def __init__(self, node: Any) -> None:
         self.node_ref = weakref.ref(node)
         self.path = node.path
         self.abandoned = False
@@ -158,8 +157,8 @@ class TuningWorker:
         if node is None:
             return
         try:
-            with bypassed(), torch.no_grad(), _own_stream(node):
-                self._run(node)
+            with _own_stream(node):
+                self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)
         finally:
