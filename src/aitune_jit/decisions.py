@@ -111,7 +111,9 @@ def lookup(key: str) -> tuple[Decision, str] | None:
 
 def remember(key: str | None, decision: Decision) -> None:
     """Keep a decision for identical modules and publish it to the store (never raises)."""
-    if key is None or not jit_config.reuse_decisions:
+    from aitune_jit.worker import abandoned
+
+    if key is None or not jit_config.reuse_decisions or abandoned():  # a cut-short job decides nothing
         return
     decision.environment = decision.environment or _environments.get(key, {})
     with _lock:

@@ -57,9 +57,10 @@ _local = threading.local()
 
 
 def abandoned() -> bool:
-    """True in a job thread whose job was abandoned (timed out): its outcome must not be applied."""
+    """True in a job thread whose job was abandoned (timed out) or that outlived the program (the main thread
+    finished: torch refuses new thread pools then): its outcome must be neither applied nor remembered."""
     job = getattr(_local, "job", None)
-    return job is not None and job.abandoned
+    return job is not None and (job.abandoned or not threading.main_thread().is_alive())
 
 
 class TuningWorker:
@@ -121,7 +122,9 @@ class TuningWorker:
             with self._cond:
                 while not self._queue and not self._stopping:
                     self._cond.wait()
-                if self._stopping and not self._queue:
+                if (self._stopping and not self._queue) or not threading.main_thread().is_alive():
+                    self._queue.clear()
+                    self._cond.notify_all()
                     return
                 job = self._queue.popleft()
                 self._current = job
