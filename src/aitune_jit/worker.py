@@ -12,8 +12,9 @@ node, never half of it.
   whatever the abandoned thread produces later is discarded (`abandoned()`).
 - The job (`tuner.tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
   `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches.
-- Exit: the threads are daemons; at interpreter exit the worker waits at most `EXIT_WAIT_S` for the running
-  job and starts no new one; the exit summary lists what was still tuning. A forked child (DataLoader worker,
+- Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
+  short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
+  interpreter exit the worker waits at most `EXIT_WAIT_S` for it; the exit summary lists what was still tuning. A forked child (DataLoader worker,
   gunicorn) starts without a worker (`os.register_at_fork`); its nodes that were queued stay eager-running.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
 """
@@ -123,9 +124,7 @@ class TuningWorker:
                 while not self._queue and not self._stopping:
                     self._cond.wait()
                 if (self._stopping and not self._queue) or not threading.main_thread().is_alive():
-                    self._queue.clear()
-                    self._cond.notify_all()
-                    return
+                    return  # (at exit, `stop` reports and drops what is still queued)
                 job = self._queue.popleft()
                 self._current = job
             try:
@@ -199,12 +198,32 @@ _worker_lock = threading.Lock()
 _atexit_registered = False
 
 
+def _quiet_after_exit(record: logging.LogRecord) -> bool:
+    """A job cut short by the program's end fails in odd ways (torch refuses new thread pools): those records are
+    not shown on aitune's own stderr handler; the exit summary says what was still tuning instead."""
+    if record.threadName.startswith("aitune-tuning") and not threading.main_thread().is_alive():
+        job = getattr(_local, "job", None)
+        if job is not None and job.path not in _unfinished:
+            _unfinished.append(job.path)
+        return False
+    return True
+
+
+def _quiet_stderr_handler() -> None:
+    from aitune_core.log import ROOT_LOGGER_NAME, StderrWarningHandler
+
+    for handler in logging.getLogger(ROOT_LOGGER_NAME).handlers:
+        if isinstance(handler, StderrWarningHandler) and _quiet_after_exit not in handler.filters:
+            handler.addFilter(_quiet_after_exit)
+
+
 def submit(node: PatchedModule, run: Callable[[PatchedModule], None]) -> None:
     """Queue `node` for tuning by `run(node)` on the worker (started on first use)."""
     global _worker, _atexit_registered
     with _worker_lock:
         if _worker is None:
             _worker = TuningWorker(run)
+            _quiet_stderr_handler()
             if not _atexit_registered:
                 _atexit_registered = True
                 atexit.register(_at_exit)
@@ -241,7 +260,9 @@ def unfinished_at_exit() -> list[str]:
 def _at_exit() -> None:
     worker = _worker
     if worker is not None:
-        _unfinished[:] = worker.stop(EXIT_WAIT_S)
+        for path in worker.stop(EXIT_WAIT_S):
+            if path not in _unfinished:
+                _unfinished.append(path)
 
 
 def _after_fork_in_child() -> None:

@@ -4,6 +4,7 @@
 - A second process with the same AITUNE_JIT_CACHE_DIR reaches TUNED in at most 20 % of the first one's
   time-to-tuned (the decision is reused; Inductor's kernels come from its cache under that folder).
 - A damaged cache entry is ignored with a warning; the model is tuned again and outputs stay right.
+- A script that ends while a job runs exits promptly, with its outputs, and says what was still tuning.
 
 The first process starts with an empty Inductor cache (TORCHINDUCTOR_CACHE_DIR unset, so aitune puts it under
 the JIT cache folder), as a new user's first run would.
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,20 @@ def test_serving_loop_tunes_in_the_background_and_a_second_process_reuses_the_ca
     third, stderr = _serve(cache)
     _assert_served_well(third)
     assert third["reused"] == [] and "Ignoring aitune cache entry" in stderr
+
+
+@pytest.mark.slow
+def test_a_script_that_ends_while_tuning_runs_exits_promptly_with_right_outputs(tmp_path):
+    script = Path(__file__).parent / "scripts" / "exit_while_tuning.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AITUNE_JIT_")}
+    env.update(AITUNE_JIT_CACHE_DIR=str(tmp_path / "jit-cache"), OMP_NUM_THREADS="1")
+    plain = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    env["AUTOWRAPT_BOOTSTRAP"] = "aitune_enable_jit_tuning"
+    start = time.perf_counter()
+    jit = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    elapsed = time.perf_counter() - start
+    assert jit.returncode == 0 and "Traceback" not in jit.stderr and "Fatal" not in jit.stderr, jit.stderr[-3000:]
+    assert jit.stdout == plain.stdout and "OUTPUT-SUM" in jit.stdout
+    assert "still tuning at exit (ran eagerly): ResNet" in jit.stderr and "failed" not in jit.stderr
+    assert elapsed < 60
+    assert not list((tmp_path / "jit-cache").glob("decisions/*.json"))  # a cut-short job decides nothing
