@@ -14,8 +14,9 @@ node, never half of it.
   `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches.
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
   short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
-  interpreter exit the worker waits at most `EXIT_WAIT_S` for it; the exit summary lists what was still tuning. A forked child (DataLoader worker,
-  gunicorn) starts without a worker (`os.register_at_fork`); its nodes that were queued stay eager-running.
+  interpreter exit the worker waits at most `EXIT_WAIT_S` for it; the exit summary lists what was still tuning.
+- A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
+  that were queued in the parent stay eager.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
 """
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "examples"))
-from resnet_app import build_model  # noqa: E402
+from resnet_app import build_model
 
 model = build_model()
 with torch.no_grad():
