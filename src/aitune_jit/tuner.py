@@ -255,10 +255,12 @@ def _tune_node(node: PatchedModule) -> None:
 
 
 def _apply(node: PatchedModule, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
-    """Switch the node to its new backends, unless its background job was abandoned (timed out) meanwhile."""
+    """Switch the node to its new backends, unless its background job was abandoned meanwhile or the hook is off."""
     if not entries:
         return
-    if abandoned():
+    from aitune_jit.hook import is_installed
+
+    if abandoned() or not is_installed():  # timed out, or JIT tuning was switched off while the job ran
         for _spec, backend in entries:
             _discard(backend)
         return

@@ -110,3 +110,17 @@ def test_a_forked_child_starts_without_the_parents_worker(background):
     answer = os.read(read, 10)
     os.waitpid(pid, 0)
     assert answer == b"none"
+
+
+def test_switching_jit_off_while_a_job_runs_leaves_the_module_untouched(background):
+    from aitune_jit.switch import disable
+
+    CountingBackend.build_delay_s = 0.5
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    disable()
+    assert wait_until_tuned(timeout=30)
+    assert "forward" not in model.__dict__  # no aitune wrapper came back
+    torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(), [2, 3]))
+    assert not any(r.path == "MLP" for r in summary._records.values())
