@@ -6,7 +6,8 @@ computes and on where it runs, never on the module's weights or its place in a m
 - the module's structure: class (module + qualname), and the name, shape and dtype of every parameter and
   buffer (not their values): the 16 identical blocks of a transformer share one key;
 - the graph: the graph spec's JSON (`GraphSpec.to_dict`) without its name (names count graphs per module);
-- how it is tuned: the strategy's class and the keys of its candidate backends (`Backend.key()`);
+- how it is tuned: the strategy's class, its thresholds (`min_speedup`, ...) and the keys of its candidate
+  backends (`Backend.key()`);
 - the environment: torch, CUDA and aitune versions, the GPU's name, the Python version.
 
 Every part is canonical JSON, hashed with sha256: the same module in another process gets the same key.
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
     from aitune_core.specs.graph_spec import GraphSpec
 
+#: strategy attributes that are part of the key when the strategy has them
+_STRATEGY_KNOBS = ("min_speedup", "min_eager_latency_us", "skip_single_layer", "profile_at_recorded_shapes")
 #: bump when the layout of a key or of a stored decision changes: older entries stop matching
 KEY_VERSION = 1
 
@@ -70,7 +73,12 @@ def tuning_structure(strategy: Any, backends: Iterable[Backend] | None = None) -
             keys.append(backend.key())
         except Exception:  # a backend whose key() fails is still named
             keys.append(type(backend).__name__)
-    return {"strategy": type(strategy).__name__, "backends": keys}
+    knobs = {}
+    for name in _STRATEGY_KNOBS:  # thresholds that change the verdict ("stays eager") for the same candidates
+        value = getattr(strategy, name, None)
+        if isinstance(value, (bool, int, float, str)) or value is None:
+            knobs[name] = value
+    return {"strategy": type(strategy).__name__, "backends": keys, "knobs": knobs}
 
 
 @lru_cache(maxsize=8)

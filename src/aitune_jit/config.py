@@ -31,7 +31,7 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
 - `reuse_decisions` [True]: identical modules (same class, parameter shapes and graph) and later runs reuse a
   tuning decision (only the chosen backend is built, then validated on the module's own samples).
 - `blocking` [False]: tune in the call that completes `min_samples` instead of on the background worker.
-- `tuning_timeout_s` [300]: a background tuning job still running after this long leaves its module eager.
+- `tuning_timeout_s` [600]: a background tuning job still running after this long leaves its module eager.
 - `precision` [None]: None, "bf16" or "fp16"; adds autocast Inductor candidates to the default backends,
   validated with the tolerance of that dtype (opt-in: it changes numerics within that tolerance).
 - `min_speedup` [None: 1.05 on the CPU, 1.02 on CUDA]: the default strategy keeps a module eager unless a
@@ -299,7 +299,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "skip_single_layer": (_bool, lambda: True, _env_bool),
     "reuse_decisions": (_bool, lambda: True, _env_bool),
     "blocking": (_bool, lambda: False, _env_bool),
-    "tuning_timeout_s": (_positive_number, lambda: 300.0, float),
+    "tuning_timeout_s": (_positive_number, lambda: 600.0, float),
 }
 
 

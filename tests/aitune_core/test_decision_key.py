@@ -68,3 +68,13 @@ def test_keys_are_stable_across_processes():
     out = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
            for _ in range(2)]
     assert out[0] == out[1] == _key(torch.nn.Linear(8, 8))
+
+
+def test_strategy_thresholds_are_part_of_the_key():
+    from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
+
+    module = torch.nn.Linear(8, 8)
+    spec = _spec(module, (2, 8))
+    strict = HighestThroughputStrategy([TorchEagerBackend()], min_speedup=1.5)
+    lenient = HighestThroughputStrategy([TorchEagerBackend()], min_speedup=1.0)
+    assert _key(module, spec, strict) != _key(module, spec, lenient)
