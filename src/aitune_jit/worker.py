@@ -180,6 +180,7 @@ def _own_stream(node: PatchedModule) -> Iterator[None]:
         yield
         return
     stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.default_stream(device))  # the samples' copies, queued by the calling thread
     try:
         with torch.cuda.stream(stream):
             yield
