@@ -24,7 +24,7 @@ Options:
   dtype-aware defaults of `aitune_core.validation.tolerance`.
 - `quantized_rtol`, `quantized_atol` (float >= 0, default 0.1 / 0.1): the widened tolerances that
   quantized backends (int8 / fp8 / weight-only) validate with, since they change the numbers on purpose.
-- `outlier_fraction` (float in [0, 1], default 1e-3): the fraction of a floating output tensor's elements that may
+- `outlier_fraction` (float in [0, 1], default 1e-2): the fraction of a floating output tensor's elements that may
   be outside the element-wise tolerance when the whole tensor is close (see `aitune_core.validation.criterion`);
   0 makes every element meet the element-wise tolerance.
 - `outlier_cap` (float >= 0, default 1.0): no element's error may exceed `outlier_cap * (atol + rtol * max|ref|)`,
@@ -122,7 +122,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any]]] = {
     "atol": (_optional_tolerance, lambda: None),
     "quantized_rtol": (_tolerance, lambda: 0.1),
     "quantized_atol": (_tolerance, lambda: 0.1),
-    "outlier_fraction": (_fraction, lambda: 1e-3),
+    "outlier_fraction": (_fraction, lambda: 1e-2),  # = validation.criterion.DEFAULT_OUTLIER_FRACTION (why: there)
     "outlier_cap": (_tolerance, lambda: 1.0),
 }
 

@@ -13,7 +13,7 @@ def test_defaults():
     assert cfg.max_num_graphs == 32
     assert cfg.rtol is None and cfg.atol is None
     assert cfg.quantized_rtol == 0.1 and cfg.quantized_atol == 0.1
-    assert cfg.outlier_fraction == 1e-3 and cfg.outlier_cap == 1.0
+    assert cfg.outlier_fraction == 1e-2 and cfg.outlier_cap == 1.0
     assert isinstance(cfg.cache_dir, Path)
 
 

@@ -17,6 +17,14 @@ from aitune_core.validation.tolerance import TF32_TOLERANCE, Tolerance, default_
 from aitune_core.validation.validator import validate_output
 
 
+@pytest.fixture
+def outlier_fraction_1e3():
+    """The numbers of some tests are written for an outlier fraction of 1e-3 (the rule's arithmetic, not its
+    default): one outlier allowed per 1000 elements."""
+    with config.override(outlier_fraction=1e-3):
+        yield
+
+
 def tol_fn(dtype):
     return default_tolerance(dtype)  # float32 on the CPU: rtol 1e-3, atol 1e-4
 
@@ -51,6 +59,7 @@ def test_isolated_near_zero_outliers_pass_but_not_under_the_strict_rule():
     assert "too many elements outside" in str(error)
 
 
+@pytest.mark.usefixtures("outlier_fraction_1e3")
 def test_a_few_elements_wrong_by_a_lot_fail_on_the_cap():
     ref = _reference()
     out = ref.clone()
@@ -75,6 +84,7 @@ def test_near_zero_elements_wrong_by_a_lot_fail():
     assert "an element off by more than the cap" in _mismatch(out, ref).closeness.failed_checks
 
 
+@pytest.mark.usefixtures("outlier_fraction_1e3")
 def test_too_many_outliers_fail():
     ref = _reference()
     index = _near_zero(ref, 100)
@@ -95,6 +105,7 @@ def test_uniformly_off_output_at_the_border_behaves_like_the_elementwise_rule():
     assert 1e-3 < closeness.rel_l2_limit < 1.2e-3
 
 
+@pytest.mark.usefixtures("outlier_fraction_1e3")
 def test_small_tensors_keep_the_strict_rule():
     ref = _reference(numel=999)
     index = _near_zero(ref, 1)
@@ -105,6 +116,7 @@ def test_small_tensors_keep_the_strict_rule():
     validate_output(out, ref, None, tol_fn)
 
 
+@pytest.mark.usefixtures("outlier_fraction_1e3")
 def test_whole_tensor_l2_bound_catches_outliers_under_a_large_cap():
     ref = torch.full((10000,), 0.01)
     ref[0] = 100.0  # one huge value makes the cap large (1e-3 * 100)
@@ -202,3 +214,30 @@ def test_an_exact_float_tolerance_allows_no_outlier():
         out[5] = torch.nextafter(ref[5], torch.tensor(math.inf))  # one ulp
         closeness = _mismatch(out, ref).closeness
     assert closeness.cap == 0 and closeness.outliers == 1
+
+
+def test_the_config_default_is_the_criterion_default():
+    assert Criterion.from_config() == Criterion()
+    assert config.outlier_fraction == DEFAULT_OUTLIER_FRACTION == 1e-2
+
+
+def test_tf32_noise_on_unseen_inputs_passes_with_the_default():
+    """The H100 UNet case at its worst call: 0.24 % of the elements (all near zero) just outside the element-wise
+    bound, whole-tensor error a tenth of its limit (benchmarks/real_workloads)."""
+    generator = torch.Generator().manual_seed(3)
+    ref = torch.randn(32768, generator=generator)
+    ref[:79] = 1e-4  # near-zero references
+    out = ref + 1e-3 * torch.randn(32768, generator=generator) * ref.abs()
+    out[:79] = ref[:79] + 2e-3  # outside atol + rtol*|ref| = 1e-3, far under the cap
+    closeness = criterion_closeness(out, ref, Tolerance(1e-2, 1e-3))
+    assert closeness.outliers == 79 and closeness.accepted
+    out[:79] = ref[:79] + 0.5  # the same elements wrong by a lot
+    assert not criterion_closeness(out, ref, Tolerance(1e-2, 1e-3)).accepted
+
+
+def criterion_closeness(out, ref, tolerance):
+    from aitune_core.validation.criterion import FloatComparison
+
+    comparison = FloatComparison(tolerance, ref.numel())
+    comparison.add(out.double(), ref.double(), 0)
+    return comparison.closeness(Criterion())

@@ -69,3 +69,16 @@ def test_capture_shares_modules_and_functions():
     layer = torch.nn.Linear(2, 2)
     sample = Sample.capture((torch.zeros(1, 2),), {"layer": layer, "fn": torch.relu})
     assert sample.kwargs["layer"] is layer and sample.kwargs["fn"] is torch.relu
+
+
+def test_replay_keeps_the_callers_placement():
+    """A CPU timestep passed to a module on an accelerator stays on the CPU when the call is replayed."""
+    from aitune_core.recording.sample import replay_device
+
+    cpu = torch.zeros(2)
+    assert replay_device(cpu, "cuda") == torch.device("cpu")
+    assert replay_device(cpu, None) == torch.device("cpu")
+    meta = torch.empty(2, device="meta")  # another device type than the target's: moved
+    assert replay_device(meta, "cpu") == torch.device("cpu")
+    args, kwargs = Sample.capture((cpu,), {"t": torch.tensor(3)}).inputs_to("cuda")
+    assert args[0].device.type == "cpu" and kwargs["t"].device.type == "cpu"

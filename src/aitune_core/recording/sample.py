@@ -21,6 +21,23 @@ from aitune_core.specs.tree import flatten_values, tree_map, unflatten
 _SHARED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
 
 
+def replay_device(tensor: torch.Tensor, device: torch.device | str | None) -> torch.device:
+    """Where a recorded tensor goes when its call is replayed for a backend on `device`: where the caller had it,
+    when that is `device`'s type or the CPU, else `device`.
+
+    Replays must call the module the way the program does: a diffusers scheduler passes its timestep as a CPU
+    tensor to a CUDA UNet, and a compiled graph warmed up and validated with that timestep on the GPU is not the
+    graph the program's calls run (dynamo guards on devices: the first real call compiled again, for minutes, and
+    ran code no validation had seen). Only a tensor recorded on another accelerator type moves.
+    """
+    if device is None:
+        return tensor.device
+    target = torch.device(device)
+    if tensor.device.type in ("cpu", target.type):
+        return tensor.device
+    return target
+
+
 def _snapshot(tensor: torch.Tensor) -> torch.Tensor:
     # detach: no autograd history is kept alive; clone: a later in-place change by the user cannot
     # alter the recorded values.
@@ -101,10 +118,12 @@ class Sample:
         return self.map_tensors(lambda t: t.to(device))
 
     def inputs_to(self, device: torch.device | str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Only the inputs, moved to `device` (what a backend needs to run the sample)."""
-        return tuple(tree_map(lambda t: t.to(device), tuple(self.args))), dict(
-            tree_map(lambda t: t.to(device), dict(self.kwargs))
-        )
+        """Only the inputs, placed for a backend on `device` as the caller placed them (`replay_device`)."""
+
+        def place(t: torch.Tensor) -> torch.Tensor:
+            return t.to(replay_device(t, device))
+
+        return tuple(tree_map(place, tuple(self.args))), dict(tree_map(place, dict(self.kwargs)))
 
     def run(self, fn: Callable[..., Any]) -> Any:
         """`fn(*args, **kwargs)` with this sample's inputs."""

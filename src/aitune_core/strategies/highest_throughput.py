@@ -51,6 +51,7 @@ from aitune_core import profiling
 from aitune_core.backends.backend import Backend
 from aitune_core.errors import NotFasterThanEagerError
 from aitune_core.log import get_logger
+from aitune_core.recording.sample import replay_device
 from aitune_core.specs.tree import tree_map
 from aitune_core.strategies.cost_model import single_torch_layer
 from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStrategy
@@ -63,7 +64,7 @@ _logger = get_logger("strategy")
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
-    return tree_map(lambda t: t.to(device), value)
+    return tree_map(lambda t: t.to(replay_device(t, device)), value)
 
 
 class HighestThroughputStrategy(TuneStrategy):

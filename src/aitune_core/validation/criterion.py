@@ -11,7 +11,7 @@ scales with the dtype, TF32 and quantization, see `tolerance.py`):
     vector. Relative to the reference this is about `rtol` (plus `atol` per element); a tensor that passes the
     element-wise rule always passes it.
 (b) few outliers: at most `floor(outlier_fraction * numel)` elements are outside the element-wise bound
-    (default `outlier_fraction` 1e-3: 32 of 32768; a tensor under 1000 elements gets none, so small outputs keep
+    (default `outlier_fraction` 1e-2: 327 of 32768; a tensor under 100 elements gets none, so small outputs keep
     the strict element-wise rule).
 (c) no element far off: every element's error is at most `outlier_cap * (atol + rtol * max|ref|)` (default
     `outlier_cap` 1.0): an outlier may be off by as much as the tolerance allows the tensor's largest element,
@@ -39,7 +39,11 @@ import torch
 from aitune_core.errors import ValidationError
 from aitune_core.validation.tolerance import Tolerance
 
-DEFAULT_OUTLIER_FRACTION = 1e-3
+#: TF32 convolutions put a correct backend's near-zero elements outside the element-wise bound: an SD-1.5-shaped
+#: UNet under Inductor on an H100 had 0.12-0.24 % of its elements there on inputs it was not validated on (whole-tensor
+#: error 1.2e-3, a tenth of its bound; worst element a sixth of the cap; benchmarks/real_workloads). 1 % leaves room;
+#: the L2 bound and the cap still catch a backend wrong in a few elements by a lot.
+DEFAULT_OUTLIER_FRACTION = 1e-2
 DEFAULT_OUTLIER_CAP = 1.0
 _TINY = torch.finfo(torch.float64).tiny
 

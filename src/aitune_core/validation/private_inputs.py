@@ -1,10 +1,10 @@
 """The inputs validation feeds a backend: private copies of a recorded sample's inputs, checked after the call.
 
 Validation must not change the recorded samples (other candidates are validated with them after this one), so a
-backend never sees the sample's own objects: every tensor is copied (moved to the backend's device, layout kept)
-and every other argument object that can be deep-copied is (a cache object, a dict the module reads back);
-plain constants, modules (the model, not the call's data) and classes are shared. After the call, `PrivateInputs`
-tells
+backend never sees the sample's own objects: every tensor is copied (placed as the caller placed it, see
+`recording.sample.replay_device`; layout kept) and every other argument object that can be deep-copied is (a cache
+object, a dict the module reads back); plain constants, modules (the model, not the call's data) and classes are
+shared. After the call, `PrivateInputs` tells
 
 - whether the backend changed its inputs: a tensor's values changed in place, or a tensor put into, replaced in or
   removed from an argument object. A backend may only do that when the original module does it too
@@ -30,6 +30,7 @@ import torch
 
 from aitune_core.errors import ValidationError
 from aitune_core.log import get_logger
+from aitune_core.recording.sample import replay_device
 from aitune_core.specs.tree import flatten_values, unflatten
 from aitune_core.validation.tensor_slots import count_changed, snapshot, tensor_slots
 
@@ -43,7 +44,7 @@ _SHARED = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch
 
 def _copy_leaf(leaf: Any, device: torch.device | None) -> Any:
     if isinstance(leaf, torch.Tensor):
-        return leaf.detach().to(device=device, copy=True) if device is not None else leaf.detach().clone()
+        return leaf.detach().to(device=replay_device(leaf, device), copy=True)
     if isinstance(leaf, _SHARED) or callable(leaf):  # modules, classes, functions
         return leaf
     try:
