@@ -210,7 +210,7 @@ def reuse(
         where = f"{decision.source} from {origin}" if origin != "this process" else decision.source
         if decision.kind == "eager":
             reason = f"{decision.reason} (reused the decision of {where})"
-            if first:
+            if first and not entries:  # (a node with a reused backend is tuned: its other graphs only fail)
                 node.go_eager(reason, reopen=decision.reopen)
                 return entries, reports, True
             node._failed[spec.name] = reason
