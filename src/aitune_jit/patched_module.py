@@ -6,8 +6,9 @@ thread's call stack at that moment is its parent. What a node does per state:
 - INIT: pushes itself on the call stack (so its children find their parent), nothing else.
 - RECORDING: additionally owns a forward wrapper (an instance attribute `forward`, accelerate-hooks style)
   that records (inputs, output) of `forward` - after the user's pre-hooks, before the forward hooks - into a
-  `GraphRecorder`; when a graph has `min_samples` recordings it is tuned (`tuner.tune_node`) under the
-  root's lock (other threads run eagerly meanwhile, nobody waits).
+  `GraphRecorder`; when a graph has `min_samples` recordings it is queued for the background worker
+  (`worker.py` runs `tuner.tune_node` under the root's lock; calls run eagerly meanwhile, nobody waits);
+  with `jit_config.blocking` the call that made it ready tunes it.
 - TUNED: the forward wrapper routes calls through a `GraphDispatcher` (backend per graph, eager fallback
   with one warning, new graphs recorded and tuned when they have enough samples). The user's forward
   pre/post hooks still run around it, because `Module.__call__` is untouched and only `forward` changed.
