@@ -544,30 +544,9 @@ class PatchedModule:
             self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
 
     def _try_tune(self) -> None:
-        if not jit_config.blocking:  # the call that made a graph ready never waits: the worker tunes it
-            if not self._tuning:
-                from aitune_jit import tuner, worker
+        from aitune_jit.tuner import request_tuning
 
-                self._tuning, self._pending = True, False
-                worker.submit(self, tuner.tune_queued)
-            return
-        if not self._tune_lock.acquire(blocking=False):
-            return  # another thread tunes a module of this root now; try again on a later call
-        try:
-            if not self._pending or self._tuning:
-                return
-            self._pending = False
-            self._tuning = True
-            try:
-                from aitune_jit.tuner import tune_node
-
-                tune_node(self)
-            except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
-                self._internal_error("tuning", exc)
-            finally:
-                self._tuning = False
-        finally:
-            self._tune_lock.release()
+        request_tuning(self)
 
     # ------------------------------------------------------------------------------------------ tuned dispatch
     def _dispatch(self, args: tuple, kwargs: dict) -> Any:

@@ -96,6 +96,35 @@ def tune_node(node: PatchedModule) -> None:
                     _logger.debug("torch, while tuning %s: %s", node.path, line)
 
 
+def request_tuning(node: PatchedModule) -> None:
+    """A graph of `node` is ready (the node's `_try_tune`): queue the node for the background worker, or, with
+    `jit_config.blocking`, tune it now in this thread (unless another thread tunes a module of its root: then
+    a later call tries again)."""
+    from aitune_jit import worker
+
+    if not jit_config.blocking:  # the call that made a graph ready never waits
+        if not node._tuning:
+            node._tuning, node._pending = True, False
+            worker.submit(node, tune_queued)
+        return
+    lock = node._tune_lock
+    if not lock.acquire(blocking=False):
+        return
+    try:
+        if not node._pending or node._tuning:
+            return
+        node._pending = False
+        node._tuning = True
+        try:
+            tune_node(node)
+        except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
+            node._internal_error("tuning", exc)
+        finally:
+            node._tuning = False
+    finally:
+        lock.release()
+
+
 def tune_queued(node: PatchedModule) -> None:
     """The worker's job for one node: `tune_node` under the root's lock; the node records again afterwards."""
     lock = node._tune_lock
