@@ -130,6 +130,8 @@ class TuningWorker:
                 self._current = job
             try:
                 self._supervise(job)
+            except Exception:  # the supervisor must survive anything a node transition raises
+                _logger.debug("supervising the tuning job of %s failed", job.path, exc_info=True)
             finally:
                 with self._cond:
                     self._current = None
