@@ -47,7 +47,8 @@ _warned_lock = threading.Lock()
 class Decision:
     """The outcome of tuning one graph of one module, reusable by identical modules and later processes.
 
-    - `kind`: "backend" (run `backend_type` with `backend_config`) or "eager" (`reason` says why; `reopen`
+    - `kind`: "backend" (run `backend_type` - the class `backend_path` names, among the `Backend` subclasses
+      already imported - with `backend_config`) or "eager" (`reason` says why; `reopen`
       whether the module's children may be tuned instead, e.g. after a graph break).
     - `source`: the module path whose tuning produced it; `speedup`: measured at its recorded shapes, if any.
     - `module`, `graph`: readable descriptions for `cache list`; `environment`: where it was decided.
@@ -58,6 +59,7 @@ class Decision:
     backend_type: str | None = None
     backend_config: dict[str, Any] | None = None
     backend_description: str | None = None
+    backend_path: str | None = None  # module.qualname of the class: two classes may share a name
     reason: str | None = None
     reopen: bool = True
     source: str = ""

@@ -132,6 +132,7 @@ def remember_backend(key: str | None, node: PatchedModule, spec: GraphSpec, repo
         config = backend.config.to_dict()
         decision = Decision(
             key=key, kind="backend", backend_type=type(backend).__name__, backend_config=config,
+            backend_path=f"{type(backend).__module__}.{type(backend).__qualname__}",
             backend_description=backend.describe(), source=node.path, speedup=report.speedup,
             module=node.short, graph=graph_label(spec), validated_samples=_validated_count(node, spec),
         )
@@ -171,15 +172,29 @@ def _validated_count(node: PatchedModule, spec: GraphSpec) -> int:
         return 0
 
 
+def _backend_class(decision: Decision) -> type[Backend]:
+    """The class that made the decision: the loaded `Backend` subclass at `backend_path` (nothing is imported
+    for it), else the registry's class of that name."""
+    from aitune_core.backends.backend import Backend
+    from aitune_core.backends.registry import backend_class
+
+    stack = list(Backend.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if f"{cls.__module__}.{cls.__qualname__}" == decision.backend_path:
+            return cls
+    return backend_class(str(decision.backend_type))
+
+
 def rebuild(
     decision: Decision, proxy: torch.nn.Module, spec: GraphSpec, samples: list[Sample], device: torch.device,
     cache_dir: Path,
 ) -> Backend:
     """Build the decided backend for this node and validate it on this node's own samples (raises on failure)."""
-    from aitune_core.backends.registry import backend_class
     from aitune_core.validation.validator import validate_backend
 
-    cls = backend_class(str(decision.backend_type))
+    cls = _backend_class(decision)
     backend = cls(cls.config_class.from_dict(dict(decision.backend_config or {})))
     backend.build(proxy, spec, samples, device, cache_dir / backend.key())
     try:

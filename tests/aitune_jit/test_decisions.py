@@ -69,8 +69,9 @@ def test_a_decision_that_does_not_hold_here_is_tuned_again(caplog):
     disable()
     store = DecisionStore(jit_config.cache_dir)
     stored = next(d for _p, d in store.entries() if d.module.startswith("Block"))
-    store.put(Decision(**{**stored.to_dict(), "backend_type": "RaisingBackend", "backend_description": "raising"}))
-    assert RaisingBackend  # the registry finds test backends by subclass walk
+    raising = {"backend_type": "RaisingBackend", "backend_description": "raising",
+               "backend_path": f"{RaisingBackend.__module__}.{RaisingBackend.__qualname__}"}
+    store.put(Decision(**{**stored.to_dict(), **raising}))
     decisions.reset()
     PatchedModule.clear_history()
     enable()
@@ -105,3 +106,22 @@ def test_reuse_can_be_switched_off():
     run(make_mlp(blocks=3), [2, 3])
     assert len(_tunings("Block")) == 3
     assert not (jit_config.cache_dir / "decisions").exists()
+
+
+def test_the_decided_class_is_found_by_its_full_name_not_only_its_name():
+    """Two backend classes called CountingBackend (the core tests have one too): the decision names its own."""
+    from aitune_core.backends.backend import Backend
+
+    class CountingBackend(Backend):  # same name, another class
+        def _build(self, module, graph_spec, data, cache_dir):
+            raise AssertionError("the other class was used")
+
+        def _infer(self, *args, **kwargs):  # pragma: no cover
+            raise AssertionError
+
+    _siblings_only()
+    enable()
+    run(make_mlp(blocks=3), [2, 3])
+    assert len(_tunings("Block")) == 1
+    assert sum("reused the decision of MLP.blocks.0:" in h for h in PatchedModule.history) == 2
+    assert CountingBackend.__name__ == "CountingBackend"
