@@ -83,7 +83,7 @@ def gpt2(size: Size, real: bool, device: str) -> dict[str, Any]:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config() if real else GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=96, n_positions=64)
-    model = GPT2LMHeadModel(config).eval().to(device)
+    model = _prepared(GPT2LMHeadModel(config).eval().to(device))
     return _generate(model, config.vocab_size, size, device)
 
 
@@ -204,6 +204,17 @@ def _unet(real: bool) -> torch.nn.Module:
     )
 
 
+#: `--compile MODE`: the script as a torch.compile user writes it (the comparison aitune is measured against)
+COMPILE_MODE: str | None = None
+
+
+def _prepared(model: torch.nn.Module) -> Any:
+    """`model.compile(mode=...)` in place (the module's own calls, e.g. inside `generate()`, run compiled)."""
+    if COMPILE_MODE is not None:
+        model.compile(mode=None if COMPILE_MODE == "default" else COMPILE_MODE)
+    return model
+
+
 def _replay_unet(model: torch.nn.Module, recorded: dict[str, Any], device: str) -> dict[str, Any]:
     """Each recorded call's inputs through `model` again: per-call references for another run's outputs."""
     calls = []
@@ -222,7 +233,7 @@ def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = No
     comparison of whole trajectories is not (a random-weight UNet with guidance 7.5 amplifies any difference)."""
     from diffusers import DDIMScheduler
 
-    model = _unet(real).eval().to(device)
+    model = _prepared(_unet(real).eval().to(device))
     if replay is not None:
         return _replay_unet(model, replay, device)
     scheduler = DDIMScheduler(num_train_timesteps=1000 if real else 100)
@@ -242,7 +253,7 @@ def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = No
                 uncond, cond = out.sample.chunk(2)
                 latents = scheduler.step(uncond + 7.5 * (cond - uncond), t, latents).prev_sample
             images.append(latents.cpu())
-    return {"calls": calls, "images": images, "times": times, "text": text.cpu()}
+    return {"calls": calls, "images": images, "times": times, "text": text.cpu(), "steps_per_image": size.denoise_steps}
 
 
 WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
@@ -257,7 +268,11 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--replay", default=None, help="unet: run the calls recorded in this result file again")
+    parser.add_argument("--compile", default=None, choices=["default", "reduce-overhead", "max-autotune"],
+                        help="gpt2/unet: wrap the model in torch.compile(mode=...) as a compile user would")
     args = parser.parse_args()
+    global COMPILE_MODE
+    COMPILE_MODE = args.compile
     torch.manual_seed(0)
     start = time.perf_counter()
     size, real = SIZES[args.size], args.size == "real"

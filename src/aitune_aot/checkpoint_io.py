@@ -80,6 +80,8 @@ def save(model: Any, path: str | os.PathLike) -> None:
     if not tuned:
         raise CheckpointError("save(): none of the aitune Modules in the model is tuned; tune before saving")
 
+    for _module_path, wrapper in tuned:
+        wrapper._refresh_backends()  # weights changed since tuning: refit first, never save stale backends
     with CheckpointWriter(path) as writer:
         parts = []
         part_files: dict[int, str] = {}

@@ -8,7 +8,9 @@ instance-level `forward` on the wrapped module that routes each call by the wrap
 - RECORDING: the original forward, and the call is recorded (GraphRecorder, batch size from the global
   context); the original output is returned;
 - TUNED: a GraphDispatcher over the tuned backends, with an eager fallback (and one warning) for calls
-  outside the tuned shape ranges.
+  outside the tuned shape ranges. Its `ModuleWatch` follows the wrapped module after tuning (weights, submodules,
+  training flags, hooks on submodules): baked-weight backends are refit, and calls no backend may serve run
+  the original forward (`aitune_core/backends/module_watch.py`).
 
 Because the routing sits in `forward`, calling the proxy goes through the wrapped module's own
 `__call__`: forward pre/post hooks registered on it fire in every state, exactly once, and a parent that
@@ -278,6 +280,25 @@ class Module(wrapt.CallableObjectProxy):
             )
         return output
 
+    def _refit_backend(self, backend: Backend) -> bool:
+        """Refit a baked-weight backend from the module's own forward, without the routing (a copy of the module
+        made by the rebuild must not route back to this wrapper)."""
+        from aitune_core.backends.refit import refit_backend
+
+        with self._original_forward():
+            return refit_backend(backend)
+
+    def _refresh_backends(self) -> None:
+        """Bring baked-weight backends up to date with the module's current weights before they are saved;
+        raises `CheckpointError` when one cannot be refit (a checkpoint must never hold stale backends)."""
+        from aitune_core.errors import CheckpointError
+
+        verdict = self._self_dispatcher.settle() if self._self_dispatcher is not None else None
+        stale = [b.describe() for _s, b in self._self_graphs if verdict is not None and id(b) in verdict.blocked]
+        if stale:
+            raise CheckpointError(f"Module {self._self_name!r}: {', '.join(stale)} could not be refit to the module's "
+                                  "current weights; re-tune it before saving")
+
     # ------------------------------------------------------------------ properties
     @property
     def name(self) -> str:
@@ -499,10 +520,13 @@ class Module(wrapt.CallableObjectProxy):
 
     def _install_backends(self, graphs: list[tuple[GraphSpec, Backend]]) -> None:
         from aitune_core.backends.dispatcher import GraphDispatcher
+        from aitune_core.backends.module_watch import ModuleWatch
 
         self._self_graphs = list(graphs)
+        watch = ModuleWatch(self.__wrapped__, [backend for _spec, backend in graphs], self._self_name)
         self._self_dispatcher = GraphDispatcher(
-            self._self_graphs, self._self_orig_forward, self._self_name, on_backend_error=self._backend_failed
+            self._self_graphs, self._self_orig_forward, self._self_name, on_backend_error=self._backend_failed,
+            watch=watch, refit=self._refit_backend,
         )
         self._self_state = ModuleState.TUNED
         self._self_active = True

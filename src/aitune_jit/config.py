@@ -28,10 +28,9 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
   each candidate against eager at the recorded shapes in interleaved rounds (medians), on every device.
 - `cache_dir` [`$AITUNE_JIT_CACHE_DIR`, else `<aitune cache>/jit`]: tuning decisions (JSON, shared by later
   runs and by processes using the same folder) and backend artifacts; see `aitune_jit.decisions`.
-- `reuse_decisions` [True]: identical modules (same class, parameter shapes and graph) and later runs reuse a
-  tuning decision (only the chosen backend is built, then validated on the module's own samples).
-- `blocking` [False]: tune in the call that completes `min_samples` instead of on the background worker.
-- `tuning_timeout_s` [600]: a background tuning job still running after this long leaves its module eager.
+- `reuse_decisions` [True]: identical modules and later runs reuse tuning decisions (`aitune_jit.decisions`).
+- `blocking` [False]: tune in the call that completes `min_samples`, not on the worker (`aitune_jit.worker`);
+  `tuning_timeout_s` [600]: a worker job still running after this long leaves its module eager (None: never).
 - `precision` [None]: None, "bf16" or "fp16"; adds autocast Inductor candidates to the default backends,
   validated with the tolerance of that dtype (opt-in: it changes numerics within that tolerance).
 - `min_speedup` [None: 1.05 on the CPU, 1.02 on CUDA]: the default strategy keeps a module eager unless a
@@ -43,6 +42,11 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
 - `skip_single_layer` [True]: the default strategy builds nothing for a module that is one torch.nn layer
   (Linear, Embedding, LayerNorm, Conv2d, ..., or a module whose only submodule is one): a compiler runs the
   same library kernel for it, so it could only lose by the dispatch; this saves its compile.
+- `retune_after_misses` [8]: after this many calls of a tuned graph (same structure) fall outside its tuned shape
+  ranges and run eagerly, the graph is tuned again over the ranges seen since (at most
+  `range_growth.MAX_RETUNES` times per graph); 0 never re-tunes.
+- `tuning_budget_s` [None]: seconds this process may spend tuning in all; once spent, modules not tuned yet stay
+  eager (the history says so). None: no limit.
 
 `default_backends` and `default_strategy` are defined once, in `aitune_core.backends.defaults` and
 `aitune_core.strategies.defaults`; AOT tuning uses the same ones.
@@ -112,13 +116,6 @@ def _optional_number(name: str, value: Any, minimum: float = 0.0) -> float | Non
     if value < minimum:
         raise ConfigError(f"jit_config.{name} must be >= {minimum:g}, got {value}")
     return float(value)
-
-
-def _positive_number(name: str, value: Any) -> float:
-    number = _optional_number(name, value)
-    if number is None or number <= 0:
-        raise ConfigError(f"jit_config.{name} must be a number > 0, got {value!r}")
-    return number
 
 
 def _min_speedup(name: str, value: Any) -> float | None:
@@ -299,28 +296,32 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "skip_single_layer": (_bool, lambda: True, _env_bool),
     "reuse_decisions": (_bool, lambda: True, _env_bool),
     "blocking": (_bool, lambda: False, _env_bool),
-    "tuning_timeout_s": (_positive_number, lambda: 600.0, float),
+    "tuning_timeout_s": (lambda name, value: _optional_number(name, value, 0.001), lambda: 600.0, _env_optional_float),
+    "retune_after_misses": (_non_negative_int, lambda: 8, _env_int),
+    "tuning_budget_s": (_optional_number, lambda: None, _env_optional_float),
 }
 
 
 #: what each option accepts from its environment variable (for the warning about a value that cannot be used)
+_BOOL_TEXT = "a boolean (1/0, true/false, yes/no, on/off)"
 _ACCEPTED: dict[str, str] = {
     "min_samples": "an integer >= 1",
-    "batch_axis_required": "a boolean (1/0, true/false, yes/no, on/off)",
     "max_depth_level": "an integer >= 0",
     "min_parameters": "an integer >= 0",
-    "detect_graph_breaks": "a boolean (1/0, true/false, yes/no, on/off)",
     "skip_modules": "comma-separated class names",
     "device": "none or a device of this machine (cpu, cuda, cuda:1, ...)",
-    "dry_run": "a boolean (1/0, true/false, yes/no, on/off)",
     "backends": "comma-separated backend class names (e.g. TorchInductorBackend,TorchEagerBackend)",
     "strategy": "nothing (set jit_config.strategy in code)",
     "cache_dir": "a folder path",
     "precision": "none, bf16 or fp16",
-    "tuning_timeout_s": "a number of seconds > 0",
-    "reuse_decisions": "a boolean (1/0, true/false, yes/no, on/off)",
-    "blocking": "a boolean (1/0, true/false, yes/no, on/off)",
+    "tuning_timeout_s": "none or a number of seconds > 0",
+    "retune_after_misses": "an integer >= 0",
+    "tuning_budget_s": "none or a number of seconds >= 0",
 }
+
+
+def _accepted(name: str) -> str:
+    return _ACCEPTED.get(name) or (_BOOL_TEXT if _OPTIONS[name][0] is _bool else f"a valid jit_config.{name}")
 
 
 def _report_once(variable: str, text: str, message: str, *args: Any) -> None:
@@ -362,7 +363,9 @@ class JitConfig:
     skip_single_layer: bool
     reuse_decisions: bool
     blocking: bool
-    tuning_timeout_s: float
+    tuning_timeout_s: float | None
+    retune_after_misses: int
+    tuning_budget_s: float | None
 
     def __init__(self, *, read_env: bool = True, **options: Any) -> None:
         self.reset(read_env=read_env)
@@ -402,7 +405,7 @@ class JitConfig:
             except Exception as exc:  # the option keeps its default
                 _report_once(
                     variable, text, "%s=%r is ignored (%s); accepted: %s. jit_config.%s keeps its default %r.",
-                    variable, text, exc, _ACCEPTED[name], name, getattr(self, name),
+                    variable, text, exc, _accepted(name), name, getattr(self, name),
                 )
         _check_env_names(environ)
 

@@ -221,6 +221,9 @@ def reuse(
         found = lookup(key) if key is not None else None
         if found is None:
             continue
+        growth = getattr(node, "_growth", None)
+        if growth is not None and spec.name in growth.due:  # a re-tune over wider ranges, decided here
+            growth.retuned(spec.name)
         decision, origin = found
         where = f"{decision.source} from {origin}" if origin != "this process" else decision.source
         if decision.kind == "eager":

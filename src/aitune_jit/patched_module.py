@@ -32,6 +32,7 @@ import torch
 
 from aitune_core.recording.argument_watch import ArgumentWatch
 from aitune_jit.config import jit_config
+from aitune_jit.range_growth import RangeGrowth
 from aitune_jit.runtime import CANDIDATE, in_dynamo_region, is_compiling, tls
 from aitune_jit.state import NodeState
 
@@ -122,6 +123,7 @@ class PatchedModule:
         "_entries",
         "_failed",
         "_forward_fn",
+        "_growth",
         "_module_ref",
         "_notes",
         "_pending",
@@ -172,6 +174,7 @@ class PatchedModule:
         self._entries: list[tuple[GraphSpec, Backend]] = []
         self._dispatcher: GraphDispatcher | None = None
         self._failed: dict[str, str] = {}
+        self._growth = RangeGrowth()
         self._checked_graphs: set[str] = set()
         self._pending = False
         self._tuning = False
@@ -232,9 +235,15 @@ class PatchedModule:
 
     def __str__(self) -> str:
         backend = f" ({', '.join(self.backend_names)})" if self.state is NodeState.TUNED and self._entries else ""
+        eager = f" eager_fallbacks={self._growth.total}" if self._growth.total else ""
         return (
-            f"{self.short} level={self.level}🪜 state={self.state}{backend} call_count={self.call_count}"
+            f"{self.short} level={self.level}🪜 state={self.state}{backend} call_count={self.call_count}{eager}"
         )
+
+    @property
+    def fallbacks(self) -> int:
+        """Calls of tuned graphs that ran eagerly because their shapes were outside the tuned ranges."""
+        return self._growth.total
 
     def __repr__(self) -> str:
         return f"<PatchedModule {self.path} {self.state.name}>"
@@ -520,7 +529,13 @@ class PatchedModule:
         if spec is None:  # beyond config.max_num_graphs: the recorder warned once
             return
         name = spec.name
-        if name in self._failed or any(s.name == name for s, _ in self._entries):
+        if name in self._failed:
+            return
+        if any(s.name == name for s, _ in self._entries):  # a tuned graph's call outside its ranges
+            if self._growth.missed(name):
+                self._log(f"{self.short}: {jit_config.retune_after_misses} calls of graph {name} fell outside its "
+                          f"tuned ranges; tuning it again over {_ranges(spec)}")
+                self._pending = True
             return
         cfg = jit_config
         if recorder.num_samples(name) < cfg.min_samples:
@@ -596,15 +611,24 @@ class PatchedModule:
 
     def _new_dispatcher(self) -> GraphDispatcher:
         from aitune_core.backends.dispatcher import GraphDispatcher
+        from aitune_core.backends.module_watch import ModuleWatch
 
-        return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed)
+        module = self.module
+        previous = self._dispatcher.watch if self._dispatcher is not None else None
+        watch = ModuleWatch(module, self.backends, self.path, previous) if module is not None else None
+        return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
+                               watch=watch, original=self._forward_fn)
 
     # ------------------------------------------------------------------------------------------ transitions
     def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
         """Route calls of these graphs through their backends; detach the subtree on the first success."""
         from aitune_jit import summary
 
-        self._entries = [*self._entries, *entries]
+        names = {spec.name for spec, _backend in entries}
+        replaced = [backend for spec, backend in self._entries if spec.name in names]  # re-tuned graphs
+        self._entries = [entry for entry in self._entries if entry[0].name not in names] + list(entries)
+        for backend in replaced:
+            _release_backend(backend)
         self.reports.extend(reports)
         self._dispatcher = self._new_dispatcher()
         if self.state is not NodeState.TUNED:
@@ -687,6 +711,24 @@ class PatchedModule:
     def clear_history(cls) -> None:
         with cls._registry_lock:
             cls.history.clear()
+
+
+def _release_backend(backend: Backend) -> None:
+    """A backend replaced by a re-tuned one: deactivate it (failures only logged)."""
+    try:
+        if backend.is_active:
+            backend.deactivate()
+    except Exception:
+        _logger.debug("could not deactivate %s", backend.describe(), exc_info=True)
+
+
+def _ranges(spec: GraphSpec) -> str:
+    """`x[1..8, 32..128]`-style summary of a graph's input ranges (for the history)."""
+    parts = []
+    for tensor in spec.input_spec.tensors:
+        axes = ", ".join(f"{lo}..{hi}" if lo != hi else str(lo) for lo, hi in zip(tensor.min_shape, tensor.max_shape))
+        parts.append(f"{tensor.name}[{axes}]")
+    return " ".join(parts) or "its inputs"
 
 
 def _skip_hook_frames() -> None:

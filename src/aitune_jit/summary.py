@@ -88,6 +88,9 @@ def summary_lines() -> list[str]:
     unfinished = unfinished_at_exit()
     if unfinished:
         lines.append(f"  ⏳ still tuning at exit (ran eagerly): {', '.join(unfinished[:10])}")
+    for node in nodes:
+        if node.state is NodeState.TUNED and node.fallbacks:
+            lines.append(f"  ↪ {node.path}: {node.fallbacks} call(s) outside the tuned shape ranges ran eagerly")
     eager = [node for node in nodes if node.state is NodeState.EAGER]
     for node in eager[:10]:
         lines.append(f"  ⚠️ {node.path} stayed eager: {node.reason}")

@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aitune_core.backends.module_watch import submodule_hooks
 from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit import decisions
 from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
 from aitune_jit.runtime import bypassed
 from aitune_jit.state import NodeState
+from aitune_jit.tuning_budget import budget
 from aitune_jit.worker import abandoned, sync_stream
 
 if TYPE_CHECKING:
@@ -70,7 +72,7 @@ def _ready_graphs(node: PatchedModule) -> list[GraphSpec]:
     if recorder is None:
         return []
     cfg = jit_config
-    done = {spec.name for spec, _backend in node._entries} | set(node._failed)
+    done = ({spec.name for spec, _backend in node._entries} - node._growth.due) | set(node._failed)
     ready = []
     for spec in recorder.graph_specs:
         if spec.name in done or recorder.num_samples(spec) < cfg.min_samples:
@@ -86,10 +88,17 @@ def tune_node(node: PatchedModule) -> None:
 
     What torch logs and warns while it probes and compiles goes into the node's history, not to the console.
     """
+    spent = budget.exhausted()
+    if spent is not None:
+        if node.state is NodeState.RECORDING:
+            node.go_eager(spent, reopen=False)
+        return
+    start = time.perf_counter()
     with capture_torch_logs() as captured:
         try:
             _tune_node(node)
         finally:
+            budget.charge(time.perf_counter() - start)
             if captured.lines:
                 node._log(f"While tuning {node.short}, {captured.summary()}", logging.DEBUG)
                 for line in captured.lines:
@@ -128,7 +137,8 @@ def request_tuning(node: PatchedModule) -> None:
 def tune_queued(node: PatchedModule) -> None:
     """The worker's job for one node: `tune_node` under the root's lock; the node records again afterwards."""
     lock = node._tune_lock
-    if not lock.acquire(timeout=jit_config.tuning_timeout_s):  # a blocking-mode tuning of this root is stuck
+    timeout = jit_config.tuning_timeout_s
+    if not lock.acquire(timeout=-1 if timeout is None else timeout):  # a blocking-mode tuning of the root hangs
         node._tuning = False
         return
     try:
@@ -173,6 +183,19 @@ def _worthless(
     return True
 
 
+def _hooked(node: PatchedModule, module: torch.nn.Module, first: bool) -> bool:
+    """Hooks on submodules (or global module hooks): no backend would run them, and probing the module would
+    fire them with recorded inputs. Such a node is not tuned as a whole; its children are (docs/architecture.md,
+    "Tuned modules follow the model")."""
+    hooks = submodule_hooks(module)
+    if not hooks:
+        return False
+    if first:
+        node.go_eager(f"{hooks} hook(s) are registered on its submodules (or globally); its submodules are tuned "
+                      "instead")
+    return True
+
+
 def _tune_node(node: PatchedModule) -> None:
     cfg = jit_config
     cfg.validate()  # invalid options fail here at the latest, with the option's name
@@ -188,6 +211,8 @@ def _tune_node(node: PatchedModule) -> None:
         node._proxy = ForwardOnly(module, node._forward_fn)  # type: ignore[arg-type]
     proxy = node._proxy
     cache_dir = cfg.cache_dir / _UNSAFE.sub("_", node.path)
+    if _hooked(node, module, first):
+        return
     if first:
         uncomparable = _uncomparable_output(samples)
         if uncomparable is not None:
@@ -248,6 +273,8 @@ def _tune_node(node: PatchedModule) -> None:
         failures: list[str] = []
         for spec in graphs:
             start = time.perf_counter()
+            if spec.name in node._growth.due:
+                node._growth.retuned(spec.name)
             try:
                 report = strategy.tune_with_report(proxy, node.path, spec, samples[spec.name], device, cache_dir)
             except Exception as exc:

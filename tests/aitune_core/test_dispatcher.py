@@ -97,3 +97,86 @@ def test_backend_errors_go_to_the_handler_and_fallback_errors_to_the_caller(tmp_
     with pytest.raises(RuntimeError):  # a call outside the graphs runs the fallback, whose error is the caller's
         dispatcher(torch.randn(3, 5))
     assert len(seen) == 1
+
+
+def _watched(tmp_path, bakes: bool, refit_ok: bool):
+    from aitune_core.backends.module_watch import ModuleWatch
+
+    model, spec, backend, fallback, calls = _setup(tmp_path)
+    backend.__class__ = type("Watched", (type(backend),), {"bakes_weights": property(lambda self: bakes)})
+    calls["original"] = 0
+    calls["refit"] = 0
+
+    def original(*args, **kwargs):
+        calls["original"] += 1
+        return model(*args, **kwargs)
+
+    def refit(_backend):
+        calls["refit"] += 1
+        return refit_ok
+
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", watch=ModuleWatch(model, [backend]),
+                                 original=original, refit=refit)
+    return model, dispatcher, calls
+
+
+def test_a_hook_on_a_submodule_sends_calls_to_the_original_not_to_the_recording_fallback(tmp_path):
+    model, dispatcher, calls = _watched(tmp_path, bakes=False, refit_ok=True)
+    child = next(m for m in model.modules() if m is not model)
+    handle = child.register_forward_hook(lambda *a: None)
+    x = torch.randn(3, 8)
+    assert torch.equal(dispatcher(x), model(x)) and torch.equal(dispatcher(x), model(x))
+    assert calls["original"] == 2 and calls["backend"] == 0 and calls["fallback"] == 0
+    handle.remove()
+    dispatcher(x)
+    assert calls["backend"] == 1 and calls["refit"] == 0
+
+
+def test_a_baked_backend_answers_only_once_refit(tmp_path):
+    model, dispatcher, calls = _watched(tmp_path, bakes=True, refit_ok=False)
+    with torch.no_grad():
+        next(model.parameters()).add_(1)
+    x = torch.randn(3, 8)
+    dispatcher(x)
+    dispatcher(x)
+    assert calls["original"] == 2 and calls["backend"] == 0 and calls["refit"] == 1  # retried on the next change
+    model2, dispatcher2, calls2 = _watched(tmp_path, bakes=True, refit_ok=True)
+    with torch.no_grad():
+        next(model2.parameters()).add_(1)
+    dispatcher2(x)
+    assert calls2["backend"] == 1 and calls2["refit"] == 1 and calls2["original"] == 0
+
+
+def test_while_one_thread_refits_the_others_are_answered_by_the_original(tmp_path):
+    import threading
+
+    from aitune_core.backends.module_watch import ModuleWatch
+
+    model, spec, backend, fallback, calls = _setup(tmp_path)
+    backend.__class__ = type("Baking", (type(backend),), {"bakes_weights": property(lambda self: True)})
+    started, release = threading.Event(), threading.Event()
+    calls["original"] = 0
+
+    def original(*args, **kwargs):
+        calls["original"] += 1
+        return model(*args, **kwargs)
+
+    def slow_refit(_backend):
+        started.set()
+        assert release.wait(10)
+        return True
+
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", watch=ModuleWatch(model, [backend]),
+                                 original=original, refit=slow_refit)
+    with torch.no_grad():
+        next(model.parameters()).add_(1)
+    x = torch.randn(3, 8)
+    refitting = threading.Thread(target=dispatcher, args=(x,))
+    refitting.start()
+    assert started.wait(10)
+    assert torch.equal(dispatcher(x), model(x))  # this thread does not wait for the refit
+    assert calls["original"] == 1 and calls["backend"] == 0
+    release.set()
+    refitting.join(10)
+    dispatcher(x)
+    assert calls["backend"] == 2  # the refitting thread's call and this one

@@ -131,6 +131,8 @@ class Backend(ABC):
         self._config = config if config is not None else self.config_class()
         self._state = BackendState.INIT
         self._device: torch.device | None = None
+        # what `refit()` rebuilds from (baked-weight backends only): module, graph spec, one sample, cache dir
+        self._refit_inputs: tuple[torch.nn.Module, GraphSpec, list[Sample], Path] | None = None
 
     # ----------------------------------------------------------------- properties
     @property
@@ -157,6 +159,13 @@ class Backend(ABC):
     def is_jit(self) -> bool:
         """True when the backend needs the original module alive (it compiles or wraps it)."""
         return True
+
+    @property
+    def bakes_weights(self) -> bool:
+        """True when the backend holds its own copy of the module's weights (an exported graph, a quantized
+        copy, an engine): a change of the module's weights makes it stale until `refit()`. Backends that read
+        the weights at call time (eager, Inductor) say False."""
+        return False
 
     # ----------------------------------------------------------------- identity
     def key(self) -> str:
@@ -200,7 +209,37 @@ class Backend(ABC):
         except Exception as exc:  # any library error becomes a normal candidate failure
             raise BackendBuildError(f"{self.describe()} failed to build: {type(exc).__name__}: {exc}") from exc
         self._state = BackendState.ACTIVE
+        if self.bakes_weights:
+            self._refit_inputs = (module, graph_spec, list(data[:1]), Path(cache_dir))
         return self
+
+    def refit(self) -> None:
+        """Bring a baked copy of the weights up to date with the module it was built from (`bakes_weights`).
+
+        Raises `BackendStateError` when the backend is not serving or cannot be refit (e.g. a checkpoint-loaded
+        backend: it has no recorded sample to rebuild from), and the build error when refitting fails; the
+        backend is then unchanged. The default rebuilds the backend from the same module, graph and one of its
+        samples (`_refit`); subclasses may update weights in place instead.
+        """
+        if self._state is not BackendState.ACTIVE:
+            raise BackendStateError(f"{self.name}: refit() needs ACTIVE; state is {self._state.name}")
+        if self._refit_inputs is None:
+            raise BackendStateError(f"{self.name}: nothing to refit from (not built in this process)")
+        self._refit(*self._refit_inputs)
+
+    def _refit(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
+        """Rebuild into a fresh backend of the same configuration, then take over its state.
+
+        Refits alternate between `cache_dir` and `cache_dir / "refit"`, so a failing rebuild never overwrites the
+        artifacts of the engine in use (a checkpoint saved later copies them)."""
+        inputs = self._refit_inputs
+        slot = not self.__dict__.get("_refit_slot", False)
+        fresh = type(self)(self._config)
+        fresh.build(module, graph_spec, data, self._device or torch.device("cpu"),
+                    cache_dir / "refit" if slot else cache_dir)
+        self.__dict__.update(fresh.__dict__)
+        self._refit_inputs = inputs
+        self._refit_slot = slot
 
     def activate(self) -> None:
         if self._state in (BackendState.INIT, BackendState.DEPLOYED):

@@ -5,6 +5,12 @@ strict-mode constants, and every axis inside the tuned [min, max] range). Otherw
 WARNING is logged naming the module and the offending shapes - once per (module name, reason), where the reason is
 the mismatch text with its numbers removed, so a stream of calls with new sequence lengths does not flood the log.
 
+With a `ModuleWatch` (`module_watch.py`), every call first asks `watch.stale()` (one integer comparison, plus
+version counters when a backend baked the weights): after a change to the module the watch's verdict decides
+whether the backends may serve, refitting stale baked-weight backends through `refit` (by default
+`refit.refit_backend`, synchronous); a call they may not serve goes to `original` (the module's own forward,
+not recorded: a call made in training mode or with a hook on a submodule is no sample of the tuned graph).
+
 A backend that raises at run time is the caller's policy (`on_backend_error`: the JIT drops that backend, the AOT
 wrapper warns): the handler gets the backend and the exception and returns the call's answer. Errors of the
 fallback itself (the user's own forward) always propagate.
@@ -13,6 +19,7 @@ fallback itself (the user's own forward) always propagate.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +27,7 @@ from aitune_core.log import get_logger
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
+    from aitune_core.backends.module_watch import ModuleWatch, Verdict
     from aitune_core.specs.graph_spec import GraphSpec
 
 _logger = get_logger("dispatch")
@@ -29,7 +37,8 @@ _NUMBERS = re.compile(r"\d+")
 class GraphDispatcher:
     """Callable that runs `backend.infer(*args, **kwargs)` for the graph the call belongs to, else `fallback`."""
 
-    __slots__ = ("_entries", "_fallback", "_on_backend_error", "_single", "_warned", "misses", "name")
+    __slots__ = ("_entries", "_fallback", "_lock", "_on_backend_error", "_original", "_refit", "_single", "_warned",
+                 "_watch", "misses", "name")
 
     def __init__(
         self,
@@ -37,6 +46,10 @@ class GraphDispatcher:
         fallback: Callable[..., Any],
         name: str,
         on_backend_error: Callable[[Backend, Exception, tuple[Any, ...], dict[str, Any]], Any] | None = None,
+        *,
+        watch: ModuleWatch | None = None,
+        original: Callable[..., Any] | None = None,
+        refit: Callable[[Backend], bool] | None = None,
     ) -> None:
         self._entries: tuple[tuple[GraphSpec, Backend], ...] = tuple(entries)
         self._fallback = fallback
@@ -45,6 +58,14 @@ class GraphDispatcher:
         self._warned: set[tuple[str, str]] = set()
         self.misses = 0  # calls that went to the fallback
         self.name = name
+        self._watch = watch
+        self._original = original if original is not None else fallback
+        if refit is None:
+            from aitune_core.backends.refit import refit_backend
+
+            refit = refit_backend
+        self._refit = refit
+        self._lock = threading.Lock()
 
     @property
     def entries(self) -> tuple[tuple[GraphSpec, Backend], ...]:
@@ -54,6 +75,10 @@ class GraphDispatcher:
     def fallback(self) -> Callable[..., Any]:
         return self._fallback
 
+    @property
+    def watch(self) -> ModuleWatch | None:
+        return self._watch
+
     def backend_for(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Backend | None:
         """The backend that would serve the call, or None (fallback)."""
         for spec, backend in self._entries:
@@ -62,6 +87,9 @@ class GraphDispatcher:
         return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        watch = self._watch
+        if watch is not None and watch.stale():
+            return self._changed(args, kwargs)
         single = self._single
         if single is not None:
             if single[0].accepts(args, kwargs):
@@ -81,7 +109,35 @@ class GraphDispatcher:
         except Exception as exc:
             return self._on_backend_error(backend, exc, args, kwargs)
 
+    def settle(self) -> Verdict | None:
+        """Review the module now if it changed (refitting stale backends) and return the verdict (None without a
+        watch): a caller about to save the backends must not save ones that are waiting for a refit."""
+        watch = self._watch
+        if watch is None:
+            return None
+        with self._lock:
+            return watch.review(self._refit)
+
     # ------------------------------------------------------------------ slow path
+    def _changed(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The module may have changed since the backends were built: serve only what the watch allows. One
+        thread reviews (and refits) at a time; the others are answered by the original module meanwhile."""
+        if not self._lock.acquire(blocking=False):
+            return self._original(*args, **kwargs)
+        try:
+            verdict = self._watch.review(self._refit)  # type: ignore[union-attr]
+        finally:
+            self._lock.release()
+        if verdict.divert is not None:
+            return self._original(*args, **kwargs)
+        for spec, backend in self._entries:
+            if spec.accepts(args, kwargs):
+                if id(backend) in verdict.blocked:
+                    return self._original(*args, **kwargs)
+                return self._run(backend, args, kwargs)
+        self._missed(args, kwargs)
+        return self._fallback(*args, **kwargs)
+
     def _missed(self, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         self.misses += 1
         try:

@@ -151,6 +151,10 @@ class ONNXRuntimeBackend(Backend):
         return False
 
     @property
+    def bakes_weights(self) -> bool:
+        return True
+
+    @property
     def providers(self) -> list[str]:
         """The providers of the current session (empty before build / while inactive)."""
         return list(self._providers)

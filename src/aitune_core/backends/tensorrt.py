@@ -243,6 +243,10 @@ class TensorRTBackend(Backend):
         return False
 
     @property
+    def bakes_weights(self) -> bool:
+        return True
+
+    @property
     def profiles(self) -> dict[str, ShapeRange]:
         return dict(self._profiles)
 

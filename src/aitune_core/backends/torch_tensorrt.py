@@ -133,6 +133,10 @@ class TorchTensorRTBackend(Backend):
         return self._config  # type: ignore[return-value]
 
     @property
+    def bakes_weights(self) -> bool:
+        return True
+
+    @property
     def profiles(self) -> dict[str, ShapeRange]:
         return dict(self._profiles)
 

@@ -257,6 +257,10 @@ class TorchAOBackend(Backend):
         return False
 
     @property
+    def bakes_weights(self) -> bool:
+        return True
+
+    @property
     def quantized_module(self) -> torch.nn.Module | None:
         """The quantized copy (None while inactive)."""
         return self._quantized

@@ -1,0 +1,166 @@
+"""The module epoch: one process-wide counter that moves whenever a module's structure, mode or hooks may change.
+
+A tuned module must notice, at its next call, that the model changed under it (a hook registered on a child, a
+submodule replaced, `.train()`, `.to(dtype)`, `load_state_dict`). Walking the module tree on every call would cost
+far more than the dispatch itself, so the torch methods that make such changes are patched to bump one integer,
+and a tuned module's per-call check compares that integer with the value it saw last (`ModuleWatch.stale`).
+
+What bumps the epoch (each patch is one `_Patch` record holding the exact original, put back by `release`):
+- `Module.register_forward_hook` / `register_forward_pre_hook` / `register_full_backward_hook` /
+  `register_full_backward_pre_hook` / `register_backward_hook`, the global `register_module_forward_hook` /
+  `register_module_forward_pre_hook`, and `RemovableHandle.remove` (every hook removal);
+- `Module.train` (so `eval` too) when a flag actually changes; `Module._apply` (`to`, `cuda`, `half`, ...);
+  `Module.load_state_dict`;
+- `Module.__setattr__` of a Module, a Parameter or a registered buffer, `Module.__delattr__`, `add_module`,
+  `register_module`, `register_parameter`, `register_buffer`.
+
+In-place edits of a tensor's values (`weight.mul_(0)`, `load_state_dict` without `assign`) do not go through
+any of these: the version counters of the tensors catch them (`ModuleWatch`), for the backends that need it.
+
+The patches exist only while aitune has a tuned module alive: every `ModuleWatch` holds a reference
+(`acquire`), released when it is garbage collected; the last release restores every original exactly.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["EPOCH", "acquire", "bump", "installed", "release"]
+
+
+class _Epoch:
+    """A mutable integer: `EPOCH.value`. (A slot read is the cheapest thing a per-call check can do.)"""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+EPOCH = _Epoch()
+
+
+def bump() -> None:
+    """Something a tuned module may depend on changed: every watch re-checks at its next call."""
+    EPOCH.value += 1  # a lost increment under a race is harmless: any increment makes every watch re-check
+
+
+@dataclass
+class _Patch:
+    owner: Any
+    name: str
+    original: Any  # the exact attribute found in owner.__dict__ (function, classmethod, ...)
+
+
+_lock = threading.Lock()
+_users = 0
+_patches: list[_Patch] = []
+
+_HOOK_REGISTRATIONS = (
+    "register_forward_hook",
+    "register_forward_pre_hook",
+    "register_full_backward_hook",
+    "register_full_backward_pre_hook",
+    "register_backward_hook",
+)
+_STRUCTURE_METHODS = ("__delattr__", "add_module", "register_module", "register_parameter", "register_buffer",
+                      "_apply", "load_state_dict")
+_GLOBAL_HOOK_FUNCTIONS = ("register_module_forward_hook", "register_module_forward_pre_hook")
+
+
+def _bumping(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def method(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        finally:
+            EPOCH.value += 1
+
+    return method
+
+
+def _train(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def train(self: torch.nn.Module, mode: bool = True) -> Any:
+        if self.__dict__.get("training") is not mode:  # `model.eval()` before every request costs nothing
+            EPOCH.value += 1
+        return original(self, mode)
+
+    return train
+
+
+def _setattr(original: Callable[..., Any]) -> Callable[..., Any]:
+    module_type = torch.nn.Module
+    tensor_type = torch.Tensor
+
+    @functools.wraps(original)
+    def __setattr__(self: torch.nn.Module, name: str, value: Any) -> None:
+        # plain tensors set in forward (caches) are not state: only modules, parameters and registered buffers are
+        state = self.__dict__
+        if isinstance(value, module_type) or (
+            isinstance(value, tensor_type)
+            and (isinstance(value, torch.nn.Parameter) or name in state.get("_buffers", ()))
+        ) or (value is None and (name in state.get("_modules", ()) or name in state.get("_parameters", ()))):
+            EPOCH.value += 1
+        original(self, name, value)
+
+    return __setattr__
+
+
+def _wrappers() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+    module = torch.nn.Module
+    out: list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
+        (module, name, _bumping) for name in (*_HOOK_REGISTRATIONS, *_STRUCTURE_METHODS)
+    ]
+    out.append((module, "train", _train))
+    out.append((module, "__setattr__", _setattr))
+    out.append((RemovableHandle, "remove", _bumping))
+    namespaces = (torch.nn.modules.module, torch.nn.modules)
+    for namespace in namespaces:
+        out.extend((namespace, name, _bumping) for name in _GLOBAL_HOOK_FUNCTIONS if hasattr(namespace, name))
+    return out
+
+
+def _install() -> None:
+    for owner, name, wrap in _wrappers():
+        original = owner.__dict__[name]
+        _patches.append(_Patch(owner, name, original))
+        setattr(owner, name, wrap(original))
+
+
+def _uninstall() -> None:
+    while _patches:
+        patch = _patches.pop()
+        setattr(patch.owner, patch.name, patch.original)
+
+
+def acquire() -> None:
+    """One more tuned module depends on the epoch: install the patches if they are not there."""
+    global _users
+    with _lock:
+        if _users == 0:
+            _install()
+        _users += 1
+
+
+def release() -> None:
+    """A tuned module is gone: the last one restores every patched attribute to its exact original."""
+    global _users
+    with _lock:
+        if _users == 0:
+            return
+        _users -= 1
+        if _users == 0:
+            _uninstall()
+
+
+def installed() -> bool:
+    """True while the patches are in place (some tuned module is alive)."""
+    return bool(_patches)

@@ -1,0 +1,215 @@
+"""`ModuleWatch`: what a tuned module's backends depend on, and a per-call check that it did not change.
+
+A backend was built from the module as it was when it was tuned. Afterwards the user may edit weights in place,
+`load_state_dict` (with or without `assign`), replace a submodule, move or cast the model, switch training on, or
+register hooks on a submodule. The watch records, at tune time (a `ModuleSnapshot`):
+
+- the module tree under the tuned module (identities) and each module's training flag;
+- the parameters and buffers (identity, version counter, dtype, device);
+- whether any forward/backward hook is registered on a submodule (or globally, `register_module_forward_hook`).
+
+Per call, `stale()` costs one integer comparison (the module epoch, `module_epoch.EPOCH`, moved by every torch
+method that changes structure, mode or hooks) plus, only when some backend baked the weights
+(`Backend.bakes_weights`), one version-counter read per parameter and buffer: in-place edits are seen only there.
+No tensor data is ever read.
+
+When `stale()` says so, `review()` compares a fresh snapshot with the tuned one and says what the call may use
+(`Verdict`):
+- a hook on a submodule, or a training flag that differs from tune time: no backend may answer (the original
+  module does), since no backend runs the submodules' hooks (a compiled graph was traced without them, an
+  exported one has none) or the training-mode behaviour (dropout, batch-norm statistics updates);
+- weights, dtypes, devices or the module tree changed: a backend that reads the weights at call time (eager,
+  Inductor) carries on; a backend that baked them is stale until `refit` (see `refit.py`) succeeds; until then
+  the original module answers its calls.
+
+The verdict stays cached until the epoch or a version counter moves again, so a model that keeps a hook for a
+while pays a few attribute reads per call, not a tree walk.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch.nn.modules import module as torch_module
+
+from aitune_core.backends import module_epoch
+from aitune_core.log import get_logger
+
+if TYPE_CHECKING:
+    from aitune_core.backends.backend import Backend
+
+_logger = get_logger("dispatch")
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                      "_global_backward_pre_hooks")
+
+
+def submodule_hooks(module: torch.nn.Module) -> int:
+    """Forward/backward hooks registered on the submodules of `module` (not on `module` itself: those fire
+    around the tuned forward) plus the global module hooks. Probes and backends never run them."""
+    count = sum(len(getattr(torch_module, name, ())) for name in _GLOBAL_HOOK_DICTS)
+    for sub in module.modules():
+        if sub is module:
+            continue
+        state = sub.__dict__
+        for name in _HOOK_DICTS:
+            hooks = state.get(name)
+            if hooks:
+                count += len(hooks)
+    return count
+
+
+def _same_objects(refs: tuple[weakref.ref, ...], others: tuple[weakref.ref, ...]) -> bool:
+    return len(refs) == len(others) and all(
+        (obj := a()) is not None and obj is b() for a, b in zip(refs, others)
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class ModuleSnapshot:
+    """The state of a module tree that tuned backends depend on. Modules and tensors are held by weak reference
+    (a snapshot must not keep replaced weights alive); a dead reference compares as changed."""
+
+    modules: tuple[weakref.ref, ...]
+    training: tuple[bool, ...]
+    tensors: tuple[weakref.ref, ...]
+    versions: tuple[int, ...]
+    layouts: tuple[tuple[torch.dtype, torch.device], ...]
+    hooks: int
+
+    @classmethod
+    def take(cls, module: torch.nn.Module) -> ModuleSnapshot:
+        modules = tuple(module.modules())
+        tensors = tuple([*module.parameters(), *module.buffers()])
+        return cls(
+            modules=tuple(weakref.ref(m) for m in modules),
+            training=tuple(m.training for m in modules),
+            tensors=tuple(weakref.ref(t) for t in tensors),
+            versions=tuple(t._version for t in tensors),
+            layouts=tuple((t.dtype, t.device) for t in tensors),
+            hooks=submodule_hooks(module),
+        )
+
+    def live_tensors(self) -> tuple[torch.Tensor | None, ...]:
+        return tuple(ref() for ref in self.tensors)
+
+    def same_tree(self, other: ModuleSnapshot) -> bool:
+        return _same_objects(self.modules, other.modules)
+
+    def same_weights(self, other: ModuleSnapshot) -> bool:
+        """Same tree, same tensors (identity), unchanged values (version counters), same dtypes and devices."""
+        return (
+            self.same_tree(other)
+            and _same_objects(self.tensors, other.tensors)
+            and self.versions == other.versions
+            and self.layouts == other.layouts
+        )
+
+
+@dataclass
+class Verdict:
+    """What the backends may do now: `divert` names why the original module answers every call (None: the
+    backends may serve); `blocked` are the baked-weight backends still waiting for a refit."""
+
+    divert: str | None = None
+    blocked: frozenset[int] = field(default_factory=frozenset)  # id(backend)
+
+    @property
+    def clean(self) -> bool:
+        return self.divert is None and not self.blocked
+
+
+class ModuleWatch:
+    """Watches one tuned module for the backends in `backends` (see the module docstring)."""
+
+    __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_module_ref", "_noted", "_seen", "_tuned",
+                 "_verdict", "_versions", "name")
+
+    def __init__(
+        self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "", previous: ModuleWatch | None = None
+    ) -> None:
+        """`previous`: the watch this one replaces (the same module with backends added or dropped): backends it
+        tracked keep the weights they were built or last refit with, so a backend still waiting for its refit is
+        not taken for fresh; the tune-time training flags carry over too."""
+        module_epoch.acquire()  # first, so that a change made while the snapshot is taken moves the epoch
+        weakref.finalize(self, module_epoch.release)
+        self._seen = module_epoch.EPOCH.value
+        self._epoch = self._seen
+        self._module_ref = weakref.ref(module)
+        self.name = name
+        current = ModuleSnapshot.take(module)
+        self._tuned = previous._tuned if previous is not None else current
+        self._baked = [b for b in backends if b.bakes_weights]
+        # per baked backend, the snapshot of the weights it holds now
+        inherited = previous._baselines if previous is not None else {}
+        self._baselines: dict[int, ModuleSnapshot] = {id(b): inherited.get(id(b), current) for b in self._baked}
+        if any(not baseline.same_weights(current) for baseline in self._baselines.values()):
+            self._epoch = self._seen = -1  # a backend still needs its refit: the first call reviews in full
+        self._verdict = Verdict()
+        self._noted: set[str] = set()
+        self._versions: tuple[tuple[torch.Tensor, int], ...] = (
+            tuple(zip(current.live_tensors(), current.versions)) if self._baked else ()
+        )
+
+    # ------------------------------------------------------------------ per call
+    def stale(self) -> bool:
+        """True when something may have changed since the last review (or the last verdict was not clean)."""
+        if self._epoch != module_epoch.EPOCH.value:
+            return True
+        for tensor, version in self._versions:  # noqa: SIM110 - a plain loop: no generator on every call
+            if tensor._version != version:
+                return True
+        return False
+
+    # ------------------------------------------------------------------ slow path
+    def review(self, refit: Callable[[Backend], bool]) -> Verdict:
+        """Compare the module with its tuned state; refit stale baked backends (`refit(backend)` -> success)."""
+        now = module_epoch.EPOCH.value
+        if now == self._seen and not self._versions_moved():
+            return self._verdict  # nothing moved since the last review
+        module = self._module_ref()
+        if module is None:
+            return Verdict(divert="the module is gone")
+        current = ModuleSnapshot.take(module)
+        divert = self._divert_reason(current)
+        blocked: set[int] = set()
+        for backend in self._baked:
+            key = id(backend)
+            if self._baselines[key].same_weights(current):
+                continue
+            if divert is None and refit(backend):  # never refit while hooks could be traced into the rebuild
+                self._baselines[key] = current
+                self._note(f"refit-{key}", f"{backend.describe()} refit to the module's current weights")
+            else:
+                blocked.add(key)
+        self._verdict = Verdict(divert=divert, blocked=frozenset(blocked))
+        if divert is not None:
+            self._note(divert, f"the original module answers while {divert}")
+        self._seen = now
+        self._versions = tuple(zip(current.live_tensors(), current.versions)) if self._baked else ()
+        self._epoch = now if self._verdict.clean else -1
+        return self._verdict
+
+    def _versions_moved(self) -> bool:
+        return any(tensor._version != version for tensor, version in self._versions)
+
+    def _divert_reason(self, current: ModuleSnapshot) -> str | None:
+        if current.hooks:
+            return "hooks are registered on its submodules (or globally)"
+        tuned = self._tuned
+        if current.same_tree(tuned):
+            if current.training != tuned.training:
+                return "a training flag differs from tune time"
+        elif any(current.training) != any(tuned.training):
+            return "a training flag differs from tune time"
+        return None
+
+    def _note(self, key: str, message: str) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            _logger.info("Module `%s`: %s", self.name, message)

@@ -1,0 +1,47 @@
+"""`RangeGrowth`: a tuned graph whose calls keep falling outside its tuned shape ranges is tuned again.
+
+Why: a graph's ranges (batch size, sequence length, ...) come from the calls recorded before it was tuned - with
+the default `min_samples` of 2, two calls. A server whose requests vary in length then ran most calls eagerly
+for good (a BERT classifier with sequence lengths 32..128: 160 of 200 calls on the CPU). Calls outside the range
+still go to the original module (the dispatcher warns once), and are recorded: the recorder widens the graph's
+ranges and keeps the extremes among its samples. After `jit_config.retune_after_misses` such calls, the node
+tunes that graph again over everything seen so far, and the new backend replaces the old one. A graph is tuned
+again at most `MAX_RETUNES` times, so a stream of ever-new shapes cannot keep the process compiling.
+"""
+
+from __future__ import annotations
+
+from aitune_jit.config import jit_config
+
+#: re-tunes of one graph at most (each is a compile)
+MAX_RETUNES = 3
+
+
+class RangeGrowth:
+    """Per node: calls of each tuned graph that ran eagerly because their shapes were outside its ranges."""
+
+    __slots__ = ("due", "misses", "retunes", "total")
+
+    def __init__(self) -> None:
+        self.misses: dict[str, int] = {}  # since the graph was last tuned
+        self.retunes: dict[str, int] = {}
+        self.due: set[str] = set()  # graphs to tune again on the next tuning pass
+        self.total = 0  # every call that ran eagerly outside a tuned range
+
+    def missed(self, name: str) -> bool:
+        """Count one call of tuned graph `name` outside its ranges; True when the graph is now due for re-tuning."""
+        self.total += 1
+        threshold = jit_config.retune_after_misses
+        if threshold <= 0 or name in self.due or self.retunes.get(name, 0) >= MAX_RETUNES:
+            return False
+        count = self.misses[name] = self.misses.get(name, 0) + 1
+        if count < threshold:
+            return False
+        self.due.add(name)
+        return True
+
+    def retuned(self, name: str) -> None:
+        """The re-tuning of `name` ran (whatever its outcome): count it and start counting misses anew."""
+        self.due.discard(name)
+        self.misses[name] = 0
+        self.retunes[name] = self.retunes.get(name, 0) + 1

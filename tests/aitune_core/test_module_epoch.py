@@ -1,0 +1,74 @@
+"""module_epoch: the torch patches bump the epoch on every structural change, and come off exactly."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from aitune_core.backends import module_epoch
+from aitune_core.backends.module_epoch import EPOCH
+
+
+@pytest.fixture
+def patched():
+    module_epoch.acquire()
+    yield
+    module_epoch.release()
+
+
+def _moved(action) -> bool:
+    before = EPOCH.value
+    action()
+    return EPOCH.value != before
+
+
+def test_patches_are_installed_while_acquired_and_restored_exactly():
+    gc.collect()  # watches of earlier tests
+    originals = {name: torch.nn.Module.__dict__[name] for name in ("__setattr__", "train", "_apply")}
+    remove = RemovableHandle.__dict__["remove"]
+    assert not module_epoch.installed()
+    module_epoch.acquire()
+    module_epoch.acquire()
+    assert module_epoch.installed() and torch.nn.Module.__dict__["train"] is not originals["train"]
+    module_epoch.release()
+    assert module_epoch.installed()  # one user left
+    module_epoch.release()
+    assert not module_epoch.installed()
+    for name, original in originals.items():
+        assert torch.nn.Module.__dict__[name] is original
+    assert RemovableHandle.__dict__["remove"] is remove
+    module_epoch.release()  # an extra release is harmless
+
+
+def test_structural_changes_move_the_epoch(patched):
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    handle = None
+
+    def register():
+        nonlocal handle
+        handle = net[0].register_forward_hook(lambda *a: None)
+
+    assert _moved(register)
+    assert _moved(handle.remove)
+    assert _moved(lambda: net[0].register_forward_pre_hook(lambda *a: None))
+    assert _moved(net.eval)
+    assert not _moved(net.eval)  # already in eval mode: nothing changes
+    assert _moved(lambda: net.to(torch.float64))
+    assert _moved(lambda: net.load_state_dict(net.state_dict()))
+    assert _moved(lambda: setattr(net, "1", torch.nn.GELU()))
+    assert _moved(lambda: setattr(net[0], "weight", torch.nn.Parameter(torch.zeros(2, 2))))
+    assert _moved(lambda: net[0].register_buffer("scale", torch.ones(1)))
+    assert _moved(lambda: setattr(net[0], "scale", torch.zeros(1)))  # a registered buffer
+    assert _moved(lambda: delattr(net[0], "scale"))
+    assert _moved(lambda: torch.nn.modules.module.register_module_forward_hook(lambda *a: None).remove())
+
+
+def test_plain_attributes_do_not_move_the_epoch(patched):
+    net = torch.nn.Linear(2, 2)
+    assert not _moved(lambda: setattr(net, "cache", torch.zeros(1)))  # a tensor that is no buffer
+    assert not _moved(lambda: setattr(net, "factor", 2.0))
+    with torch.no_grad():
+        assert not _moved(lambda: net.weight.mul_(2))  # in-place: version counters catch it (ModuleWatch)

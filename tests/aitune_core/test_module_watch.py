@@ -1,0 +1,153 @@
+"""ModuleWatch: cheap per-call staleness, verdicts (divert, refit, blocked), cached while nothing moves."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from aitune_core.backends import module_epoch
+from aitune_core.backends.module_watch import ModuleSnapshot, ModuleWatch, submodule_hooks
+
+
+class _Backend:
+    def __init__(self, bakes: bool) -> None:
+        self.bakes_weights = bakes
+
+    def describe(self) -> str:
+        return f"Fake(bakes={self.bakes_weights})"
+
+
+def _net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 2)).eval()
+
+
+def _refits(result: bool = True):
+    calls = []
+
+    def refit(backend) -> bool:
+        calls.append(backend)
+        return result
+
+    return calls, refit
+
+
+def test_fresh_watch_is_not_stale_and_in_place_edits_are_seen_only_for_baked_weights():
+    net = _net()
+    reading, baked = ModuleWatch(net, [_Backend(False)]), ModuleWatch(net, [_Backend(True)])
+    assert not reading.stale() and not baked.stale()
+    with torch.no_grad():
+        net[0].weight.add_(1)
+    assert not reading.stale()  # reads the weights at call time: an in-place edit changes nothing for it
+    assert baked.stale()
+    calls, refit = _refits()
+    verdict = baked.review(refit)
+    assert verdict.clean and len(calls) == 1 and not baked.stale()
+
+
+def test_hooks_on_submodules_divert_until_removed_and_the_root_hooks_do_not():
+    net = _net()
+    backend = _Backend(True)
+    watch = ModuleWatch(net, [backend])
+    net.register_forward_hook(lambda *a: None)  # the root's own hooks fire around the tuned forward
+    calls, refit = _refits()
+    assert watch.review(refit).clean
+    handle = net[2].register_forward_pre_hook(lambda *a: None)
+    assert watch.stale()
+    assert watch.review(refit).divert is not None
+    assert watch.stale()  # a diverted verdict keeps the check on the slow path...
+    assert watch.review(refit).divert is not None  # ...where it is cached
+    handle.remove()
+    assert watch.review(refit).clean and not watch.stale()
+    assert calls == []  # no weight changed: nothing to refit
+
+
+def test_training_flags_divert_and_eval_restores():
+    net = _net()
+    watch = ModuleWatch(net, [_Backend(False)])
+    _calls, refit = _refits()
+    net[1].train()
+    assert watch.stale() and watch.review(refit).divert == "a training flag differs from tune time"
+    net.eval()
+    assert watch.review(refit).clean
+
+
+def test_structure_and_identity_changes_refit_baked_backends_and_a_failed_refit_blocks():
+    net = _net()
+    baked, reading = _Backend(True), _Backend(False)
+    watch = ModuleWatch(net, [baked, reading])
+    net[2] = torch.nn.Linear(4, 2).eval()
+    calls, refit = _refits(result=False)
+    verdict = watch.review(refit)
+    assert calls == [baked] and verdict.blocked == frozenset({id(baked)}) and verdict.divert is None
+    assert watch.stale() and watch.review(refit) is verdict and len(calls) == 1  # cached: no retry per call
+    net.load_state_dict(net.state_dict(), assign=True)  # the next change retries
+    calls2, refit2 = _refits(result=True)
+    assert watch.review(refit2).clean and calls2 == [baked]
+
+
+def test_dtype_change_is_a_weight_change():
+    net = _net()
+    watch = ModuleWatch(net, [_Backend(True)])
+    net.double()
+    calls, refit = _refits()
+    watch.review(refit)
+    assert len(calls) == 1
+
+
+def test_submodule_hooks_counts_descendants_and_global_hooks():
+    net = _net()
+    assert submodule_hooks(net) == 0
+    net.register_forward_hook(lambda *a: None)
+    assert submodule_hooks(net) == 0
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    try:
+        assert submodule_hooks(net) == 1
+    finally:
+        handle.remove()
+    net[0].register_full_backward_hook(lambda *a: None)
+    assert submodule_hooks(net) == 1
+
+
+def test_snapshot_same_weights():
+    net = _net()
+    first = ModuleSnapshot.take(net)
+    assert first.same_weights(ModuleSnapshot.take(net))
+    with torch.no_grad():
+        net[0].bias.zero_()
+    assert not first.same_weights(ModuleSnapshot.take(net))
+
+
+def test_the_patches_go_when_the_last_watch_goes():
+    watch = ModuleWatch(_net(), [])
+    assert module_epoch.installed()
+    del watch
+    gc.collect()
+    assert not module_epoch.installed()
+
+
+def test_a_replacing_watch_keeps_the_weights_each_backend_holds():
+    net = _net()
+    waiting, kept = _Backend(True), _Backend(True)
+    old = ModuleWatch(net, [waiting, kept])
+    net[0].weight = torch.nn.Parameter(torch.zeros(4, 4))
+    _calls, failing = _refits(result=False)
+    assert old.review(failing).blocked == frozenset({id(waiting), id(kept)})
+    new_backend = _Backend(True)  # built now, from the current weights
+    new = ModuleWatch(net, [waiting, new_backend], previous=old)  # `kept` dropped, one added
+    assert new.stale()
+    calls, refit = _refits()
+    assert new.review(refit).clean and calls == [waiting]
+
+
+def test_a_watch_does_not_keep_replaced_weights_alive():
+    import weakref
+
+    net = _net()
+    watch = ModuleWatch(net, [_Backend(True)])
+    old = weakref.ref(net[0].weight)
+    net[0].weight = torch.nn.Parameter(torch.zeros(4, 4))
+    _calls, refit = _refits()
+    watch.review(refit)
+    gc.collect()
+    assert old() is None

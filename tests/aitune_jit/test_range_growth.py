@@ -1,0 +1,68 @@
+"""Ranges that grow: a tuned graph whose calls keep falling outside its ranges is tuned again over the wider range."""
+
+from __future__ import annotations
+
+import torch
+from jit_helpers import CountingBackend, make_mlp
+
+from aitune_jit import summary
+from aitune_jit.config import jit_config
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.range_growth import MAX_RETUNES, RangeGrowth
+from aitune_jit.state import NodeState
+from aitune_jit.switch import enable
+
+
+def _setup(after: int) -> None:
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+    jit_config.retune_after_misses = after
+
+
+def _call(model: torch.nn.Module, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.randn(batch, 32, generator=torch.Generator().manual_seed(batch))
+    with torch.no_grad():
+        return model(x), x
+
+
+def test_calls_outside_the_range_lead_to_a_wider_tuned_graph():
+    _setup(after=3)
+    model = make_mlp()
+    enable()
+    for batch in (2, 3):  # tuned over batch 2..3
+        _call(model, batch)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED and CountingBackend.builds == 1
+    for batch in (6, 8, 5):  # outside: eager, recorded; the third makes the graph due
+        out, x = _call(model, batch)
+        torch.testing.assert_close(out, type(model).forward(model, x))
+    assert CountingBackend.builds == 2  # tuned again over batch 2..8
+    assert any("tuning it again over" in line and "2..8" in line for line in PatchedModule.history)
+    spec, _backend = node.dispatcher.entries[0]
+    assert spec.input_spec.tensors[0].max_shape[0] == 8 and len(node.dispatcher.entries) == 1
+    served = CountingBackend.infers
+    for batch in (4, 7, 8):
+        out, x = _call(model, batch)
+        torch.testing.assert_close(out, type(model).forward(model, x))
+    assert CountingBackend.infers == served + 3  # all served by the re-tuned backend
+    assert node.fallbacks == 3 and "eager_fallbacks=3" in str(node)
+    assert any("3 call(s) outside the tuned shape ranges ran eagerly" in line for line in summary.summary_lines())
+
+
+def test_zero_never_tunes_again():
+    _setup(after=0)
+    model = make_mlp()
+    enable()
+    for batch in (2, 3, 6, 7, 8, 9, 10):
+        _call(model, batch)
+    assert CountingBackend.builds == 1 and PatchedModule.of(model).fallbacks == 5
+
+
+def test_re_tuning_is_bounded():
+    growth = RangeGrowth()
+    jit_config.retune_after_misses = 1
+    for _ in range(MAX_RETUNES):
+        assert growth.missed("0")
+        growth.retuned("0")
+    assert not growth.missed("0") and growth.total == MAX_RETUNES + 1
