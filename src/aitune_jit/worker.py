@@ -161,6 +161,7 @@ class TuningWorker:
         node = job.node_ref()
         if node is None:
             return
+        prime_inductor_without_fx_patching()
         try:
             with _own_stream(node):
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
@@ -188,6 +189,39 @@ def _own_stream(node: PatchedModule) -> Iterator[None]:
             yield
     finally:
         stream.synchronize()
+
+
+def _identity_graph_module(fn: Any) -> torch.fx.GraphModule:
+    """What `torch.fx.symbolic_trace(identity)` returns, built with the Graph API (no tracer, no patching)."""
+    graph = torch.fx.Graph()
+    graph.output(graph.placeholder("x"))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+_primed = False
+
+
+def prime_inductor_without_fx_patching() -> None:
+    """Inductor's code generation builds, once per process, `torch.fx.symbolic_trace(identity)`
+    (`torch._inductor.loop_body.InterpreterShim._dummy_gm`). A symbolic trace replaces `torch.nn.Module.__call__`
+    process-wide while it runs, so a module call made meanwhile by another thread - the application serving
+    requests while the worker compiles - goes through FX's tracer and fails ("module is not installed as a
+    submodule"). The worker fills that cache first with an equal graph module built without tracing."""
+    global _primed
+    if _primed:
+        return
+    _primed = True
+    try:
+        from torch._inductor.loop_body import InterpreterShim
+
+        saved = torch.fx.symbolic_trace
+        torch.fx.symbolic_trace = _identity_graph_module  # type: ignore[assignment]
+        try:
+            InterpreterShim._dummy_gm()
+        finally:
+            torch.fx.symbolic_trace = saved
+    except Exception:  # another torch: nothing to prime
+        _logger.debug("could not prime Inductor's identity graph module", exc_info=True)
 
 
 def sync_stream() -> None:
