@@ -109,8 +109,8 @@ def lookup(key: str) -> tuple[Decision, str] | None:
     return decision, f"the cache ({store().path(key)})"
 
 
-def remember(key: str | None, decision: Decision) -> None:
-    """Keep a decision for identical modules and publish it to the store (never raises)."""
+def remember(key: str | None, decision: Decision, *, persist: bool = True) -> None:
+    """Keep a decision for identical modules and, with `persist`, publish it to the store (never raises)."""
     from aitune_jit.worker import abandoned
 
     if key is None or not jit_config.reuse_decisions or abandoned():  # a cut-short job decides nothing
@@ -118,6 +118,8 @@ def remember(key: str | None, decision: Decision) -> None:
     decision.environment = decision.environment or _environments.get(key, {})
     with _lock:
         _memory[key] = decision
+    if not persist:
+        return
     try:
         store().put(decision)
     except Exception as exc:  # a read-only or full disk: reuse in this process still works
@@ -142,7 +144,12 @@ def remember_backend(key: str | None, node: PatchedModule, spec: GraphSpec, repo
     remember(key, decision)
 
 
-def remember_eager(key: str | None, node: PatchedModule, spec: GraphSpec, reason: str, *, reopen: bool) -> None:
+def remember_eager(
+    key: str | None, node: PatchedModule, spec: GraphSpec, reason: str, *, reopen: bool, persist: bool = True
+) -> None:
+    """An eager decision. A verdict of speed ("no backend is faster than eager") is `persist=False`: identical
+    siblings share it, but a later process measures again (one busy moment must not keep a module eager for good);
+    graph breaks and failures that follow from the module's code are stored."""
     if key is None:
         return
     try:
@@ -151,7 +158,7 @@ def remember_eager(key: str | None, node: PatchedModule, spec: GraphSpec, reason
     except Exception:
         _logger.debug("decision of %s not kept", node.path, exc_info=True)
         return
-    remember(key, decision)
+    remember(key, decision, persist=persist)
 
 
 def graph_label(spec: GraphSpec) -> str:

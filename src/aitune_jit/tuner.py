@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.backends.module_watch import submodule_hooks
+from aitune_core.errors import NotFasterThanEagerError
 from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit import decisions
 from aitune_jit.config import jit_config
@@ -233,7 +234,8 @@ def _tune_node(node: PatchedModule) -> None:
             _apply(node, reused, reused_reports)
             return
         if first and _worthless(node, strategy, proxy, graphs[0], samples[graphs[0].name], device):
-            decisions.remember_eager(keys.get(graphs[0].name), node, graphs[0], str(node.reason), reopen=False)
+            decisions.remember_eager(keys.get(graphs[0].name), node, graphs[0], str(node.reason), reopen=False,
+                                     persist=False)  # cheap to find again, and partly a timing
             return
         if cfg.detect_graph_breaks:
             for spec in list(graphs):
@@ -280,7 +282,8 @@ def _tune_node(node: PatchedModule) -> None:
             except Exception as exc:
                 cause = f"{type(exc).__name__}: {exc}"
                 node._failed[spec.name] = cause
-                decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True)
+                decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True,
+                                         persist=not isinstance(exc, NotFasterThanEagerError))
                 failures.append(cause if len(graphs) == 1 else f"graph {spec.name}: {cause}")
                 node._log(f"Tuning {node.short} failed after {time.perf_counter() - start:.2f}s: {cause}")
                 _logger.debug("Tuning %s failed", node.path, exc_info=True)
@@ -291,7 +294,7 @@ def _tune_node(node: PatchedModule) -> None:
                 _discard(report.backend)
                 cause = f"no backend is faster than eager (best {report.backend.describe()}: {speedup:.2f}x)"
                 node._failed[spec.name] = cause
-                decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True)
+                decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True, persist=False)
                 failures.append(cause if len(graphs) == 1 else f"graph {spec.name}: {cause}")
                 node._log(f"Tuning {node.short} took {elapsed:.2f}s: {cause}")
                 continue

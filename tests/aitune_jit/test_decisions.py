@@ -125,3 +125,28 @@ def test_the_decided_class_is_found_by_its_full_name_not_only_its_name():
     assert len(_tunings("Block")) == 1
     assert sum("reused the decision of MLP.blocks.0:" in h for h in PatchedModule.history) == 2
     assert CountingBackend.__name__ == "CountingBackend"
+
+
+def test_a_speed_verdict_is_shared_by_siblings_but_not_stored():
+    """"No backend is faster" depends on the machine's load at that moment: siblings share it, the store keeps
+    nothing (a later process measures again)."""
+    from aitune_core.errors import NotFasterThanEagerError
+    from aitune_core.strategies.strategy import TuneStrategy
+
+    class NeverFaster(TuneStrategy):
+        calls = 0
+
+        def _tune(self, module, name, graph_spec, data, device, cache_dir):
+            NeverFaster.calls += 1
+            raise NotFasterThanEagerError("no backend is at least 1.05x faster than eager (best 1.01x)")
+
+    _siblings_only()
+    jit_config.strategy = NeverFaster([CountingBackend()])
+    jit_config.skip_modules = ["MLP", "Sequential", "Linear", "LayerNorm", "ReLU"]
+    reference = run(make_mlp(blocks=3), [2, 3])
+    enable()
+    model = make_mlp(blocks=3)
+    torch.testing.assert_close(run(model, [2, 3]), reference)
+    assert NeverFaster.calls == 1
+    assert sum("reused the decision of MLP.blocks.0)" in h for h in PatchedModule.history) == 2
+    assert list(DecisionStore(jit_config.cache_dir).entries()) == []
