@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-heavy lint bench-cpu bench-hook clean
+.PHONY: demo test lint bench-cpu bench-hook clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,9 +21,6 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
-
-test-heavy: $(STAMP)
-	$(PY) -m pytest -q -m heavy
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples

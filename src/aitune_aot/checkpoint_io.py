@@ -52,6 +52,7 @@ from aitune_core.checkpoint.module_state import (
     save_state,
 )
 from aitune_core.errors import CheckpointError
+from aitune_core.module_info import module_device
 from aitune_core.specs.graph_spec import GraphSpec
 
 __all__ = ["find_modules", "load", "save"]
@@ -278,14 +279,6 @@ def _plan(model: Any, reader: CheckpointReader) -> tuple[list[_PartPlan], list[_
 
 
 # ------------------------------------------------------------------------------------------------ load
-def _module_device(module: torch.nn.Module) -> torch.device:
-    for tensor in module.parameters():
-        return tensor.device
-    for tensor in module.buffers():
-        return tensor.device
-    return torch.device("cpu")
-
-
 def _apply(
     model: Any, parts: list[_PartPlan], plans: list[_ModulePlan], device: torch.device | None, tx: LoadTransaction
 ) -> Any:
@@ -302,7 +295,7 @@ def _apply(
             apply_state(plan.module, plan.weights, f"checkpoint module {plan.name!r}")
     for plan in plans:
         tx.deployed(backend for _, backend in plan.graphs)
-        target_device = device if device is not None else _module_device(plan.module)
+        target_device = device if device is not None else (module_device(plan.module) or torch.device("cpu"))
         try:
             with original_forward(plan.target):
                 for _spec, backend in plan.graphs:

@@ -32,7 +32,6 @@ written by `aitune.torch.save` / `load`.
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -47,7 +46,11 @@ import wrapt
 from aitune_aot.registry import MODULE_REGISTRY, default_name, sanitize_name
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.config import config
+from aitune_core.errors import NotReplayableError
+from aitune_core.forward_slot import ForwardSlot
 from aitune_core.log import SEPARATOR, THIN_SEPARATOR, timed
+from aitune_core.module_info import module_device
+from aitune_core.recording.argument_watch import ArgumentWatch
 
 if TYPE_CHECKING:
     from aitune_core.backends.dispatcher import GraphDispatcher
@@ -61,9 +64,6 @@ _logger = logging.getLogger("aitune.aot.module")
 
 StrategyList = Sequence["TuneStrategy"]
 StrategyMap = Mapping[str, "TuneStrategy"]
-
-_WRAPPER_ATTR = "__aitune_module__"
-
 
 def _first_wins_default_backends() -> TuneStrategy:
     from aitune_core.strategies.defaults import default_strategy as core_default_strategy
@@ -93,16 +93,9 @@ def find_wrapper(module: Any) -> Module | None:
     """The aitune Module wrapping `module` (a proxy or the raw module whose forward it routes), else None."""
     if isinstance(module, Module):
         return module
-    forward = getattr(module, "__dict__", {}).get("forward")
-    return getattr(forward, _WRAPPER_ATTR, None)
-
-
-def _module_device(module: torch.nn.Module) -> torch.device | None:
-    for tensor in module.parameters():
-        return tensor.device
-    for tensor in module.buffers():
-        return tensor.device
-    return None
+    slot = ForwardSlot.of(module)
+    owner = slot.owner if slot is not None else None
+    return owner if isinstance(owner, Module) else None
 
 
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
@@ -173,6 +166,7 @@ class Module(wrapt.CallableObjectProxy):
         self._self_state = ModuleState.INIT
         self._self_recorder: GraphRecorder | None = None
         self._self_prev_recorder: GraphRecorder | None = None
+        self._self_not_replayable: str | None = None  # what the forward changed in its arguments, when it did
         self._self_graphs: list[tuple[GraphSpec, Backend]] = []
         self._self_dispatcher: GraphDispatcher | None = None
         self._self_backend_failed = False
@@ -181,8 +175,7 @@ class Module(wrapt.CallableObjectProxy):
         self._self_orig_forward = module.forward
         explicit = sanitize_name(name)
         self._self_name = MODULE_REGISTRY.register(explicit or default_name(module), self, explicit=bool(explicit))
-        self._self_routed_forward = self._make_routed_forward()
-        self._install_routed_forward()
+        self._self_slot = ForwardSlot(module, self._route_call, owner=self, label=self._self_name).install()
 
     # ------------------------------------------------------------------ construction helpers
     @staticmethod
@@ -207,35 +200,20 @@ class Module(wrapt.CallableObjectProxy):
             if not isinstance(value, TuneStrategy):
                 raise TypeError(f"strategies must hold TuneStrategy instances, got {type(value).__name__}")
 
-    def _make_routed_forward(self) -> Callable[..., Any]:
-        route = self._route
-        original = self._self_orig_forward
-        is_compiling = torch.compiler.is_compiling
-
-        @functools.wraps(original)
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            if is_compiling():  # dynamo traces the module's own forward, never the routing
-                return original(*args, **kwargs)
-            return route(*args, **kwargs)
-
-        setattr(forward, _WRAPPER_ATTR, self)
-        return forward
+    def _route_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return self._route(*args, **kwargs)
 
     def _install_routed_forward(self) -> None:
-        object.__setattr__(self.__wrapped__, "forward", self._self_routed_forward)
+        self._self_slot.install()
 
     def _remove_routed_forward(self) -> None:
-        self.__wrapped__.__dict__.pop("forward", None)
+        self._self_slot.remove()
 
     @contextmanager
     def _original_forward(self) -> Iterator[torch.nn.Module]:
         """The wrapped module with its own forward and no forward hooks, for strategies and backends."""
-        self._remove_routed_forward()
-        try:
-            with _hooks_hidden(self.__wrapped__):
-                yield self.__wrapped__
-        finally:
-            self._install_routed_forward()
+        with self._self_slot.suspended(), _hooks_hidden(self.__wrapped__):
+            yield self.__wrapped__
 
     # ------------------------------------------------------------------ call routing
     def _route(self, *args: Any, **kwargs: Any) -> Any:
@@ -246,15 +224,29 @@ class Module(wrapt.CallableObjectProxy):
         local.busy = True
         try:
             if state is ModuleState.RECORDING:
-                output = self._self_orig_forward(*args, **kwargs)
-                self._self_recorder.record(args, kwargs, output)  # batch size: from the global context
-                return output
+                return self._recorded_call(args, kwargs)
             if not self._self_active:  # deactivated while other modules tune: run eagerly
                 return self._self_orig_forward(*args, **kwargs)
             with _hooks_hidden(self.__wrapped__):  # the caller's __call__ fires them, once
                 return self._self_dispatcher(*args, **kwargs)
         finally:
             local.busy = False
+
+    def _recorded_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the original forward and record the call as the forward received it; a forward that changes its
+        arguments (a KV cache it appends to) is remembered as not replayable, and `tune` refuses it."""
+        recorder = self._self_recorder
+        watch = ArgumentWatch.before(args, kwargs, recorder.binder.positional)
+        output = self._self_orig_forward(*args, **kwargs)
+        changed = watch.changes()
+        if changed is not None:
+            if self._self_not_replayable is None:
+                self._self_not_replayable = changed
+                _logger.warning("Module %r: its forward changes %s; its calls cannot be replayed for tuning",
+                                self._self_name, changed)
+            return output
+        recorder.record(watch.args, watch.kwargs, output)  # batch size: from the global context
+        return output
 
     def _backend_failed(self, backend: Backend, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """A tuned backend raised at run time: answer with the original forward, and warn once if that works.
@@ -312,7 +304,7 @@ class Module(wrapt.CallableObjectProxy):
     @property
     def device(self) -> torch.device:
         """Device of the wrapped module's first parameter or buffer (CPU for a module without tensors)."""
-        return _module_device(self.__wrapped__) or torch.device("cpu")
+        return module_device(self.__wrapped__) or torch.device("cpu")
 
     @property
     def graph_specs(self) -> list[GraphSpec]:
@@ -394,6 +386,7 @@ class Module(wrapt.CallableObjectProxy):
             from aitune_core.recording.graph_recorder import GraphRecorder
 
             self._self_recorder = GraphRecorder(self._self_orig_forward, name=self._self_name)
+            self._self_not_replayable = None
         self._self_state = ModuleState.RECORDING
 
     def activate(self) -> None:
@@ -476,6 +469,11 @@ class Module(wrapt.CallableObjectProxy):
         if self._self_state is ModuleState.TUNED:
             raise ValueError(
                 f"Module {self._self_name!r} has already been tuned; enable_recording(force=True) resets it"
+            )
+        if self._self_not_replayable is not None:
+            raise NotReplayableError(
+                f"Module {self._self_name!r} cannot be tuned: its forward changes {self._self_not_replayable}, so "
+                "its calls cannot be replayed (wrap a submodule that leaves its arguments alone instead)"
             )
         if self._self_state is not ModuleState.RECORDING or not self.graph_specs:
             raise ValueError(

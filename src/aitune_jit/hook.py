@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from aitune_core.patch import Patch
 from aitune_jit import runtime
 from aitune_jit.runtime import CANDIDATE, OUT_OF_SCOPE, PASS, Marker, tls
 
@@ -70,10 +71,8 @@ class _HookState:
         self.lock = threading.RLock()
         self.installed = False
         self.global_mode = False
-        self.original_call: Callable[..., Any] | None = None
-        self.patched_call: Callable[..., Any] | None = None
-        self.original_init: Callable[..., Any] | None = None
-        self.patched_init: Callable[..., Any] | None = None
+        self.call_patch: Patch | None = None  # torch.nn.Module.__call__ while installed
+        self.init_patch: Patch | None = None  # torch.nn.Module.__init__ while a decorator scope is open
         self.open_scopes = 0
         self.touched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
         self.excluded: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
@@ -216,10 +215,7 @@ def install() -> None:
         if _state.installed:
             return
         original = torch.nn.Module.__call__
-        patched = _make_patched_call(original)
-        _state.original_call = original
-        _state.patched_call = patched
-        torch.nn.Module.__call__ = patched  # type: ignore[method-assign]
+        _state.call_patch = Patch(torch.nn.Module, "__call__", _make_patched_call(original)).apply()
         _state.installed = True
         from aitune_jit import summary
 
@@ -235,9 +231,7 @@ def uninstall() -> None:
         set_global_mode(False)
         _close_all_scopes()
         if _state.installed:
-            if torch.nn.Module.__call__ is _state.patched_call:
-                torch.nn.Module.__call__ = _state.original_call  # type: ignore[method-assign,assignment]
-            else:
+            if not _state.call_patch.restore():  # type: ignore[union-attr]
                 _logger.warning(
                     "torch.nn.Module.__call__ was patched again after aitune patched it; leaving the newer patch in "
                     "place (aitune's hook now passes every call straight through)"
@@ -267,7 +261,8 @@ def set_global_mode(enabled: bool) -> None:
 
 def original_call() -> Callable[..., Any]:
     """The `__call__` in place before the patch (the current one when not installed)."""
-    return _state.original_call if _state.installed else torch.nn.Module.__call__  # type: ignore[return-value]
+    patch = _state.call_patch
+    return patch.original if _state.installed and patch is not None else torch.nn.Module.__call__
 
 
 # ---------------------------------------------------------------------------------------------- decorator scopes
@@ -287,9 +282,8 @@ def open_scope() -> None:
     with _state.lock:
         install()
         if _state.open_scopes == 0:
-            _state.original_init = torch.nn.Module.__init__
-            _state.patched_init = _make_patched_init(_state.original_init)
-            torch.nn.Module.__init__ = _state.patched_init  # type: ignore[method-assign]
+            init = torch.nn.Module.__init__
+            _state.init_patch = Patch(torch.nn.Module, "__init__", _make_patched_init(init)).apply()
         _state.open_scopes += 1
     tls.scope += 1
 
@@ -305,10 +299,9 @@ def close_scope() -> None:
 
 
 def _restore_init() -> None:
-    if _state.original_init is not None and torch.nn.Module.__init__ is _state.patched_init:
-        torch.nn.Module.__init__ = _state.original_init  # type: ignore[method-assign]
-    _state.original_init = None
-    _state.patched_init = None
+    if _state.init_patch is not None:
+        _state.init_patch.restore()
+    _state.init_patch = None
 
 
 def _close_all_scopes() -> None:

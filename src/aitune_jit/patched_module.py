@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from aitune_core.forward_slot import ForwardSlot, SlotForward
+from aitune_core.module_info import count_parameters
 from aitune_core.recording.argument_watch import ArgumentWatch
 from aitune_jit.config import jit_config
 from aitune_jit.range_growth import RangeGrowth
@@ -45,7 +47,6 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("aitune.jit")
 
-_MISSING: Any = object()
 HISTORY_LIMIT = 10_000
 #: calls of an EAGER / SKIPPED node with its whole subtree settled before it moves to the fast path
 SETTLE_CALLS = 3
@@ -59,50 +60,6 @@ def format_count(count: int) -> str:
         if count >= scale:
             return f"{count / scale:.1f}{unit}"
     return str(count)  # pragma: no cover
-
-
-def count_parameters(module: torch.nn.Module) -> int:
-    total = 0
-    for parameter in module.parameters():
-        try:
-            total += parameter.numel()
-        except (RuntimeError, ValueError):  # lazy (uninitialized) parameters
-            continue
-    return total
-
-
-class _ForwardWrapper:
-    """The instance attribute `forward` of a RECORDING or TUNED module.
-
-    `inspect.signature(module.forward)` still shows the original signature (`__wrapped__`), and copying or
-    pickling the module yields the original forward bound to the copy, never this object. (No `__slots__`:
-    dynamo guards on the `__dict__` of the objects it traces through, e.g. when the user compiles a model
-    whose modules are being recorded.)
-    """
-
-    def __init__(self, node: PatchedModule, wrapped: Callable[..., Any]) -> None:
-        self._node = node
-        self.__wrapped__ = wrapped
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._node._forward(args, kwargs)
-
-    def __getattr__(self, name: str) -> Any:  # e.g. forward.__func__, forward.__self__, forward.__name__
-        if name in ("__wrapped__", "_node") or name.startswith("__getstate"):
-            raise AttributeError(name)
-        return getattr(self.__wrapped__, name)
-
-    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
-        # Copies and pickles get the original forward, through stdlib callables only: a pickle of a model taken
-        # while JIT tuning is on loads where aitune is not installed. `getattr(module, "forward")` runs while the
-        # copy's __dict__ is still empty, so it binds the class's forward to the copy.
-        node = self._node
-        if node._saved_forward is not _MISSING and node._saved_forward is not None:
-            return (copy.copy, (node._saved_forward,))
-        return (getattr, (node.module, "forward"))
-
-    def __repr__(self) -> str:
-        return f"<aitune JIT forward of {self._node.path}>"
 
 
 class PatchedModule:
@@ -130,12 +87,11 @@ class PatchedModule:
         "_proxy",
         "_quiet",
         "_recorder",
-        "_saved_forward",
+        "_slot",
         "_started",
         "_trainable",
         "_tune_lock",
         "_tuning",
-        "_wrapper",
         "call_count",
         "children",
         "descend",
@@ -168,8 +124,7 @@ class PatchedModule:
         self._started = False
         self._trainable = False
         self._forward_fn: Callable[..., Any] | None = None
-        self._wrapper: _ForwardWrapper | None = None
-        self._saved_forward: Any = _MISSING
+        self._slot: ForwardSlot | None = None
         self._recorder: GraphRecorder | None = None
         self._entries: list[tuple[GraphSpec, Backend]] = []
         self._dispatcher: GraphDispatcher | None = None
@@ -398,27 +353,15 @@ class PatchedModule:
 
     # ------------------------------------------------------------------------------------------ forward wrapper
     def _install_forward(self, module: torch.nn.Module) -> None:
-        if self._wrapper is not None:
+        if self._slot is not None:
             return
-        instance_dict = module.__dict__
-        self._saved_forward = instance_dict.get("forward", _MISSING)
-        self._forward_fn = module.forward
-        self._wrapper = _ForwardWrapper(self, self._forward_fn)
-        instance_dict["forward"] = self._wrapper
+        self._slot = ForwardSlot(module, self._forward, label=self.path).install()
+        self._forward_fn = self._slot.original
 
     def _uninstall_forward(self) -> None:
-        wrapper = self._wrapper
-        self._wrapper = None
-        module = self.module
-        if wrapper is None or module is None:
-            return
-        instance_dict = module.__dict__
-        if instance_dict.get("forward") is wrapper:
-            if self._saved_forward is _MISSING:
-                del instance_dict["forward"]
-            else:
-                instance_dict["forward"] = self._saved_forward
-        self._saved_forward = _MISSING
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.remove()
 
     def _forward(self, args: tuple, kwargs: dict) -> Any:
         """The module's `forward` while RECORDING or TUNED."""
@@ -735,7 +678,7 @@ def _skip_hook_frames() -> None:
     from aitune_jit.hook import skip_as_top_frame
 
     skip_as_top_frame(
-        _ForwardWrapper.__call__,
+        SlotForward.__call__,
         PatchedModule.observed_call,
         PatchedModule._forward,
         PatchedModule._dispatch,

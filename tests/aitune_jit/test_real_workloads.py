@@ -6,9 +6,6 @@ observe is compared: generated tokens exactly, scores and per-call outputs withi
 types, the state of objects the program owns. Tuning happens in the middle of the first `generate()` (the
 default `min_samples` is 2). stderr must hold no ERROR-level line and no traceback.
 
-The heaviest cases (T5, BART, the bf16 UNet: 1-3 minutes each on a 2-core CPU) are marked `heavy`: CI runs the
-others; `make test-heavy` runs these.
-
 Tolerances: fp32 outputs of Inductor on the CPU agree with eager to about 1e-5; the comparison allows
 rtol=1e-3, atol=1e-4 (aitune's own fp32 tolerance). With `AITUNE_JIT_PRECISION=bf16` the UNet's outputs are
 computed under bf16 autocast: rtol=atol=5e-2 (aitune's bf16 tolerance), also for the final latents after the
@@ -115,7 +112,6 @@ def test_decoder_generate_identical(workload, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 @pytest.mark.parametrize("workload", ["t5", "bart"])
 def test_encoder_decoder_generate_identical(workload, tmp_path):
     _check(workload, tmp_path)
@@ -155,6 +151,5 @@ def test_unet_ddim_loop_fp32(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.heavy
 def test_unet_ddim_loop_bf16(tmp_path):
     _assert_unet_root_validated(_check("unet", tmp_path, BF16, AITUNE_JIT_PRECISION="bf16"))

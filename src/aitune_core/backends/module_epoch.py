@@ -24,13 +24,17 @@ The patches exist only while aitune has a tuned module alive: every `ModuleWatch
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
+
+from aitune_core.patch import Patch
+
+_logger = logging.getLogger("aitune.backend.module_epoch")
 
 __all__ = ["EPOCH", "acquire", "bump", "installed", "release"]
 
@@ -52,16 +56,9 @@ def bump() -> None:
     EPOCH.value += 1  # a lost increment under a race is harmless: any increment makes every watch re-check
 
 
-@dataclass
-class _Patch:
-    owner: Any
-    name: str
-    original: Any  # the exact attribute found in owner.__dict__ (function, classmethod, ...)
-
-
 _lock = threading.Lock()
 _users = 0
-_patches: list[_Patch] = []
+_patches: list[Patch] = []
 
 _HOOK_REGISTRATIONS = (
     "register_forward_hook",
@@ -130,15 +127,14 @@ def _wrappers() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[
 
 def _install() -> None:
     for owner, name, wrap in _wrappers():
-        original = owner.__dict__[name]
-        _patches.append(_Patch(owner, name, original))
-        setattr(owner, name, wrap(original))
+        _patches.append(Patch(owner, name, wrap(owner.__dict__[name])).apply())
 
 
 def _uninstall() -> None:
     while _patches:
         patch = _patches.pop()
-        setattr(patch.owner, patch.name, patch.original)
+        if not patch.restore():  # someone patched it after us: their patch stays (ours is then a plain bump)
+            _logger.debug("%r was replaced again while aitune watched it; left in place", patch)
 
 
 def acquire() -> None:

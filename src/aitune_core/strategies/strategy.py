@@ -52,6 +52,7 @@ import torch
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.errors import TuningFailedError, ValidationError
 from aitune_core.log import get_logger, timed
+from aitune_core.module_info import count_parameters
 from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
 from aitune_core.validation.validator import validate_backend
 
@@ -156,13 +157,6 @@ def progress(message: str) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _count_parameters(module: Any) -> int:
-    try:
-        return sum(p.numel() for p in module.parameters())
-    except Exception:
-        return 0
-
-
 def _precisions(module: Any, graph_spec: GraphSpec) -> str:
     dtypes: set[torch.dtype] = set()
     with suppress(Exception):
@@ -441,7 +435,7 @@ class TuneStrategy(ABC):
         cache_dir: Path,
     ) -> None:
         _logger.info("🚀 Tuning graph `%s` for module `%s`:", graph_spec.name, name)
-        _logger.info("  number of parameters: %d", _count_parameters(module))
+        _logger.info("  number of parameters: %d", count_parameters(module))
         with suppress(Exception):
             _logger.info("  number of layers: %d", len(list(module.children())))
         _logger.info("  precisions: %s", _precisions(module, graph_spec))
