@@ -118,6 +118,9 @@ def main() -> int:
             "AUTOWRAPT_BOOTSTRAP": "aitune_enable_jit_tuning",
             "AITUNE_JIT_PRINT_HIERARCHY": "1",
             "AITUNE_JIT_CACHE_DIR": str(tmp_dir / "jit-cache"),
+            # by default tuning runs on a background thread while requests are answered eagerly; the demo tunes
+            # during the warm-up requests instead, so that every measured request is a tuned one
+            "AITUNE_JIT_BLOCKING": "1",
         }
         if options.history:
             jit_env["AITUNE_JIT_PRINT_HISTORY"] = "1"

@@ -51,7 +51,9 @@ def _run(
     env = {k: v for k, v in os.environ.items() if k != "AUTOWRAPT_BOOTSTRAP" and not k.startswith("AITUNE_JIT_")}
     env["AITUNE_JIT_CACHE_DIR"] = str(scratch / "jit-cache")
     if jit:
-        env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_PRINT_HISTORY="1")
+        # blocking: these short scripts must be answered by tuned backends to check them
+        env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_PRINT_HISTORY="1",
+                   AITUNE_JIT_BLOCKING="1")
         if args.precision == "bf16":
             env["AITUNE_JIT_PRECISION"] = "bf16"
     command = [sys.executable, str(SCRIPT), workload, "--out", str(out), "--size", args.size, "--device", args.device]

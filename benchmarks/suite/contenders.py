@@ -41,7 +41,8 @@ from benchmarks.common import LOCAL_RESULTS_DIR, REPO, slug
 from benchmarks.suite import call_profiles, models, timing
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
-JIT_ENV = {"AUTOWRAPT_BOOTSTRAP": "aitune_enable_jit_tuning"}
+# blocking: the suite times the tuned model and the first calls' cost as they were before background tuning
+JIT_ENV = {"AUTOWRAPT_BOOTSTRAP": "aitune_enable_jit_tuning", "AITUNE_JIT_BLOCKING": "1"}
 # The JIT's opt-in precision, read from the environment by the JIT config (the workload stays unmodified).
 JIT_PRECISION_ENV = "AITUNE_JIT_PRECISION"
 #: the plain workload script, run as `python -m` from the repository root

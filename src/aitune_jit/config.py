@@ -26,8 +26,11 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
 - `strategy` [None]: a `TuneStrategy`; None means `FirstWinsStrategy(backends)` when `backends` is set,
   else `default_strategy(device)`: `HighestThroughputStrategy` over `default_backends(device)`, measuring
   each candidate against eager at the recorded shapes in interleaved rounds (medians), on every device.
-- `cache_dir` [`$AITUNE_JIT_CACHE_DIR`, else `<aitune cache>/jit`]: where backends put artifacts. JIT mode
-  does not reuse them across runs.
+- `cache_dir` [`$AITUNE_JIT_CACHE_DIR`, else `<aitune cache>/jit`]: tuning decisions (JSON, shared by later
+  runs and by processes using the same folder) and backend artifacts; see `aitune_jit.decisions`.
+- `reuse_decisions` [True]: identical modules and later runs reuse tuning decisions (`aitune_jit.decisions`).
+- `blocking` [False]: tune in the call that completes `min_samples`, not on the worker (`aitune_jit.worker`);
+  `tuning_timeout_s` [600]: a worker job still running after this long leaves its module eager (None: never).
 - `precision` [None]: None, "bf16" or "fp16"; adds autocast Inductor candidates to the default backends,
   validated with the tolerance of that dtype (opt-in: it changes numerics within that tolerance).
 - `min_speedup` [None: 1.05 on the CPU, 1.02 on CUDA]: the default strategy keeps a module eager unless a
@@ -291,28 +294,34 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "min_speedup": (_min_speedup, lambda: None, _env_optional_float),
     "min_eager_latency_us": (_optional_number, lambda: None, _env_optional_float),
     "skip_single_layer": (_bool, lambda: True, _env_bool),
+    "reuse_decisions": (_bool, lambda: True, _env_bool),
+    "blocking": (_bool, lambda: False, _env_bool),
+    "tuning_timeout_s": (lambda name, value: _optional_number(name, value, 0.001), lambda: 600.0, _env_optional_float),
     "retune_after_misses": (_non_negative_int, lambda: 8, _env_int),
     "tuning_budget_s": (_optional_number, lambda: None, _env_optional_float),
 }
 
 
 #: what each option accepts from its environment variable (for the warning about a value that cannot be used)
+_BOOL_TEXT = "a boolean (1/0, true/false, yes/no, on/off)"
 _ACCEPTED: dict[str, str] = {
     "min_samples": "an integer >= 1",
-    "batch_axis_required": "a boolean (1/0, true/false, yes/no, on/off)",
     "max_depth_level": "an integer >= 0",
     "min_parameters": "an integer >= 0",
-    "detect_graph_breaks": "a boolean (1/0, true/false, yes/no, on/off)",
     "skip_modules": "comma-separated class names",
     "device": "none or a device of this machine (cpu, cuda, cuda:1, ...)",
-    "dry_run": "a boolean (1/0, true/false, yes/no, on/off)",
     "backends": "comma-separated backend class names (e.g. TorchInductorBackend,TorchEagerBackend)",
     "strategy": "nothing (set jit_config.strategy in code)",
     "cache_dir": "a folder path",
     "precision": "none, bf16 or fp16",
+    "tuning_timeout_s": "none or a number of seconds > 0",
     "retune_after_misses": "an integer >= 0",
     "tuning_budget_s": "none or a number of seconds >= 0",
 }
+
+
+def _accepted(name: str) -> str:
+    return _ACCEPTED.get(name) or (_BOOL_TEXT if _OPTIONS[name][0] is _bool else f"a valid jit_config.{name}")
 
 
 def _report_once(variable: str, text: str, message: str, *args: Any) -> None:
@@ -352,6 +361,9 @@ class JitConfig:
     min_speedup: float | None
     min_eager_latency_us: float | None
     skip_single_layer: bool
+    reuse_decisions: bool
+    blocking: bool
+    tuning_timeout_s: float | None
     retune_after_misses: int
     tuning_budget_s: float | None
 
@@ -393,7 +405,7 @@ class JitConfig:
             except Exception as exc:  # the option keeps its default
                 _report_once(
                     variable, text, "%s=%r is ignored (%s); accepted: %s. jit_config.%s keeps its default %r.",
-                    variable, text, exc, _ACCEPTED[name], name, getattr(self, name),
+                    variable, text, exc, _accepted(name), name, getattr(self, name),
                 )
         _check_env_names(environ)
 

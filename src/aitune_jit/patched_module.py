@@ -6,8 +6,9 @@ thread's call stack at that moment is its parent. What a node does per state:
 - INIT: pushes itself on the call stack (so its children find their parent), nothing else.
 - RECORDING: additionally owns a forward wrapper (an instance attribute `forward`, accelerate-hooks style)
   that records (inputs, output) of `forward` - after the user's pre-hooks, before the forward hooks - into a
-  `GraphRecorder`; when a graph has `min_samples` recordings it is tuned (`tuner.tune_node`) under the
-  root's lock (other threads run eagerly meanwhile, nobody waits).
+  `GraphRecorder`; when a graph has `min_samples` recordings it is queued for the background worker
+  (`worker.py` runs `tuner.tune_node` under the root's lock; calls run eagerly meanwhile, nobody waits);
+  with `jit_config.blocking` the call that made it ready tunes it.
 - TUNED: the forward wrapper routes calls through a `GraphDispatcher` (backend per graph, eager fallback
   with one warning, new graphs recorded and tuned when they have enough samples). The user's forward
   pre/post hooks still run around it, because `Module.__call__` is untouched and only `forward` changed.
@@ -449,7 +450,7 @@ class PatchedModule:
 
     def _record(self, args: tuple, kwargs: dict, output: Any, watch: ArgumentWatch | None = None) -> None:
         recorder = self._recorder
-        if recorder is None:
+        if recorder is None or self._tuning:  # the worker reads the recorder now; this call stays eager
             return
         if watch is not None:
             changed = watch.changes()
@@ -501,23 +502,9 @@ class PatchedModule:
             self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
 
     def _try_tune(self) -> None:
-        if not self._tune_lock.acquire(blocking=False):
-            return  # another thread tunes a module of this root now; try again on a later call
-        try:
-            if not self._pending or self._tuning:
-                return
-            self._pending = False
-            self._tuning = True
-            try:
-                from aitune_jit.tuner import tune_node
+        from aitune_jit.tuner import request_tuning
 
-                tune_node(self)
-            except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
-                self._internal_error("tuning", exc)
-            finally:
-                self._tuning = False
-        finally:
-            self._tune_lock.release()
+        request_tuning(self)
 
     # ------------------------------------------------------------------------------------------ tuned dispatch
     def _dispatch(self, args: tuple, kwargs: dict) -> Any:

@@ -83,6 +83,11 @@ def summary_lines() -> list[str]:
             else " (speed not measured)"
         )
         lines.append(f"  🎯 {record.path} ({record.short}, level {record.level}): {', '.join(record.backends)}{speed}")
+    from aitune_jit.worker import unfinished_at_exit
+
+    unfinished = unfinished_at_exit()
+    if unfinished:
+        lines.append(f"  ⏳ still tuning at exit (ran eagerly): {', '.join(unfinished[:10])}")
     for node in nodes:
         if node.state is NodeState.TUNED and node.fallbacks:
             lines.append(f"  ↪ {node.path}: {node.fallbacks} call(s) outside the tuned shape ranges ran eagerly")

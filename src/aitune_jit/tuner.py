@@ -1,7 +1,9 @@
 """Tuning one node: graph-break check, strategy per ready graph, then TUNED / EAGER / dry run.
 
-Runs in the thread whose call made a graph ready, under the root's lock, with the hook bypassed for this
-thread (so nothing the strategy runs is recorded or adopted) and gradients off.
+Runs on the background worker (`worker.py`, via `tune_queued`) or, with `jit_config.blocking`, in the thread
+whose call made a graph ready; under the root's lock, with the hook bypassed for this thread (so nothing the
+strategy runs is recorded or adopted) and gradients off. Known decisions (an identical module tuned before, in
+this process or a previous one) are applied first (`decisions.py`); every new decision is published.
 
 Backends never see the user's module directly but a `ForwardOnly` view of it: its `forward` is the module's
 original forward, without the module's hooks (they keep firing outside, around the tuned forward) and
@@ -20,12 +22,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.backends.module_watch import submodule_hooks
+from aitune_core.errors import NotFasterThanEagerError
 from aitune_core.torch_log_capture import capture_torch_logs
+from aitune_jit import decisions
 from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
 from aitune_jit.runtime import bypassed
 from aitune_jit.state import NodeState
 from aitune_jit.tuning_budget import budget
+from aitune_jit.worker import abandoned, sync_stream
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -101,6 +106,55 @@ def tune_node(node: PatchedModule) -> None:
                     _logger.debug("torch, while tuning %s: %s", node.path, line)
 
 
+def request_tuning(node: PatchedModule) -> None:
+    """A graph of `node` is ready (the node's `_try_tune`): queue the node for the background worker, or, with
+    `jit_config.blocking`, tune it now in this thread (unless another thread tunes a module of its root: then
+    a later call tries again)."""
+    from aitune_jit import worker
+
+    if not jit_config.blocking:  # the call that made a graph ready never waits
+        if not node._tuning:
+            node._tuning, node._pending = True, False
+            worker.submit(node, tune_queued)
+        return
+    lock = node._tune_lock
+    if not lock.acquire(blocking=False):
+        return
+    try:
+        if not node._pending or node._tuning:
+            return
+        node._pending = False
+        node._tuning = True
+        try:
+            tune_node(node)
+        except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
+            node._internal_error("tuning", exc)
+        finally:
+            node._tuning = False
+    finally:
+        lock.release()
+
+
+def tune_queued(node: PatchedModule) -> None:
+    """The worker's job for one node: `tune_node` under the root's lock; the node records again afterwards."""
+    lock = node._tune_lock
+    timeout = jit_config.tuning_timeout_s
+    if not lock.acquire(timeout=-1 if timeout is None else timeout):  # a blocking-mode tuning of the root hangs
+        node._tuning = False
+        return
+    try:
+        node._pending = False
+        try:
+            with bypassed(), torch.no_grad():  # this thread's module calls are aitune's own
+                tune_node(node)
+        except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
+            if not abandoned():
+                node._internal_error("tuning", exc)
+    finally:
+        node._tuning = False
+        lock.release()
+
+
 def _uncomparable_output(samples: dict[str, list[Sample]]) -> str | None:
     """The first recorded output object validation could never accept (no `==` of its own): found before any
     compile, instead of after one."""
@@ -166,9 +220,22 @@ def _tune_node(node: PatchedModule) -> None:
             node.go_eager(uncomparable)
             return
 
+    decisions.point_inductor_cache()
     with bypassed(), torch.no_grad():
         strategy = cfg.resolve_strategy(device)
+        keys = {} if cfg.dry_run else decisions.keys_for(node, graphs, strategy, device)
+        reused, reused_reports, finished = decisions.reuse(
+            node, proxy, graphs, samples, keys, device, cache_dir, first
+        )
+        if finished:
+            return
+        first = first and not reused  # a node with a reused backend is tuned: its other graphs may only fail
+        if not graphs:
+            _apply(node, reused, reused_reports)
+            return
         if first and _worthless(node, strategy, proxy, graphs[0], samples[graphs[0].name], device):
+            decisions.remember_eager(keys.get(graphs[0].name), node, graphs[0], str(node.reason), reopen=False,
+                                     persist=False)  # cheap to find again, and partly a timing
             return
         if cfg.detect_graph_breaks:
             for spec in list(graphs):
@@ -186,12 +253,14 @@ def _tune_node(node: PatchedModule) -> None:
                     f"Checking took {report.duration_s:.2f}s"
                 )
                 cause = report.summary() if report.error is not None else f"graph break: {report.summary()}"
+                decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True)
                 if first:
                     node.go_eager(cause)
                     return
                 node._failed[spec.name] = cause
                 graphs.remove(spec)
             if not graphs:
+                _apply(node, reused, reused_reports)
                 return
 
         if cfg.dry_run:
@@ -201,8 +270,8 @@ def _tune_node(node: PatchedModule) -> None:
             node.go_dry_run(f"would tune {node.short} (graphs {names}) on {device} with {strategy!r}")
             return
 
-        entries: list[tuple[GraphSpec, Backend]] = []
-        reports: list[TuneReport] = []
+        entries: list[tuple[GraphSpec, Backend]] = reused
+        reports: list[TuneReport] = reused_reports
         failures: list[str] = []
         for spec in graphs:
             start = time.perf_counter()
@@ -213,6 +282,8 @@ def _tune_node(node: PatchedModule) -> None:
             except Exception as exc:
                 cause = f"{type(exc).__name__}: {exc}"
                 node._failed[spec.name] = cause
+                decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True,
+                                         persist=not isinstance(exc, NotFasterThanEagerError))
                 failures.append(cause if len(graphs) == 1 else f"graph {spec.name}: {cause}")
                 node._log(f"Tuning {node.short} failed after {time.perf_counter() - start:.2f}s: {cause}")
                 _logger.debug("Tuning %s failed", node.path, exc_info=True)
@@ -223,11 +294,13 @@ def _tune_node(node: PatchedModule) -> None:
                 _discard(report.backend)
                 cause = f"no backend is faster than eager (best {report.backend.describe()}: {speedup:.2f}x)"
                 node._failed[spec.name] = cause
+                decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True, persist=False)
                 failures.append(cause if len(graphs) == 1 else f"graph {spec.name}: {cause}")
                 node._log(f"Tuning {node.short} took {elapsed:.2f}s: {cause}")
                 continue
             entries.append((spec, report.backend))
             reports.append(report)
+            decisions.remember_backend(keys.get(spec.name), node, spec, report)
             measured = f", {speedup:.2f}x faster than eager at recorded shapes" if speedup is not None else ""
             node._log(
                 f"Tuning {node.short} took {elapsed:.2f}s: {report.backend.describe()} for graph {spec.name}{measured}"
@@ -235,9 +308,23 @@ def _tune_node(node: PatchedModule) -> None:
             _log_rejected(node, report)
 
     if entries:
-        node.go_tuned(entries, reports)
-    elif first:
+        _apply(node, entries, reports)
+    elif first and not abandoned():
         node.go_eager("; ".join(failures) or "nothing could be tuned")
+
+
+def _apply(node: PatchedModule, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
+    """Switch the node to its new backends, unless its background job was abandoned meanwhile or the hook is off."""
+    if not entries:
+        return
+    from aitune_jit.hook import is_installed
+
+    if abandoned() or not is_installed():  # timed out, or JIT tuning was switched off while the job ran
+        for _spec, backend in entries:
+            _discard(backend)
+        return
+    sync_stream()  # on CUDA, what the worker's stream built is complete before any call uses it
+    node.go_tuned(entries, reports)
 
 
 def _log_rejected(node: PatchedModule, report: TuneReport) -> None:

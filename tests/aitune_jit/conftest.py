@@ -12,21 +12,32 @@ sys.path.insert(0, str(Path(__file__).parent))  # jit_helpers
 
 from jit_helpers import CountingBackend
 
-from aitune_jit import summary
+from aitune_jit import decisions, summary
 from aitune_jit.config import jit_config
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.switch import disable
+from aitune_jit.worker import wait_until_tuned
 
 ORIGINAL_CALL = torch.nn.Module.__call__
 
 
-@pytest.fixture(autouse=True)
-def jit_clean_state():
+def _test_config(tmp_path: Path) -> None:
+    """Most JIT tests check what tuning did right after the call that triggered it: they tune synchronously
+    (tests of the background worker switch `blocking` off), and decisions stay within the test."""
     jit_config.reset(read_env=False)
+    jit_config.blocking = True
+    jit_config.cache_dir = tmp_path / "aitune-jit-cache"
+    decisions.reset()
+
+
+@pytest.fixture(autouse=True)
+def jit_clean_state(tmp_path):
+    _test_config(tmp_path)
     CountingBackend.reset_counts()
     yield
     disable()
-    jit_config.reset(read_env=False)
+    wait_until_tuned(timeout=60)
+    _test_config(tmp_path)
     PatchedModule.clear_history()
     PatchedModule.nodes_seen = 0
     summary.reset()

@@ -358,6 +358,7 @@ def test_env_var_mode_with_a_bad_variable_runs_to_completion_with_one_warning(tm
         AITUNE_JIT_CACHE_DIR=str(tmp_path / "cache"),
         AITUNE_JIT_BACKENDS="TorchEagerBackend",
         AITUNE_JIT_DETECT_GRAPH_BREAKS="0",
+        AITUNE_JIT_BLOCKING="1",  # the script ends right after its calls: tune in them, to see tuning ran
         **extra,
     )
     result = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)

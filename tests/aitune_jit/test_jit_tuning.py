@@ -83,7 +83,10 @@ def test_failing_backend_leaves_every_module_eager_and_outputs_unchanged(backend
     assert root.state is NodeState.EAGER and cause in root.reason
     assert set(states(model).values()) == {"eager"}  # every level was tried down to max_depth_level
     failures = [h for h in PatchedModule.history if h.startswith("Tuning ") and "failed" in h]
-    assert len(failures) == len(states(model)) and all(cause in h for h in failures)
+    # identical blocks (and their identical layers) are tried once; the others reuse that failure
+    reused = [h for h in PatchedModule.history if "stays eager" in h and "reused the decision of MLP." in h]
+    assert len(failures) + len(reused) == len(states(model)) and all(cause in h for h in failures + reused)
+    assert reused and len(failures) < len(states(model))
 
 
 def test_first_working_backend_wins_after_failures():

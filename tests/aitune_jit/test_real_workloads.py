@@ -38,6 +38,9 @@ def _env(tmp_path: Path, jit: bool, **extra: str) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     if jit:
         env["AUTOWRAPT_BOOTSTRAP"] = "aitune_enable_jit_tuning"
+        # these scripts end soon after tuning starts: tune in the calling thread so the tuned backends answer
+        # (test_background_serving.py covers the background worker)
+        env["AITUNE_JIT_BLOCKING"] = "1"
         env["AITUNE_JIT_PRINT_HISTORY"] = "1"
     env.update(extra)
     return env

@@ -1,0 +1,247 @@
+"""Background JIT tuning, measured from the outside: request latency while tuning runs, time-to-tuned, a warm cache.
+
+    python -m benchmarks.background_tuning --device cuda                  # GPU acceptance (resnet50, BERT-base)
+    python -m benchmarks.background_tuning --device cpu --models tiny     # a CI-sized smoke run
+
+For each workload, fresh processes serve a fixed request stream (one request every `--interval-ms`):
+
+- `eager`: the plain script;
+- `jit-cold`: the same script under `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` with an empty JIT cache
+  folder (and Inductor's cache under it): tuning runs on the background worker while requests are served;
+- `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
+- `jit-blocking`: `AITUNE_JIT_BLOCKING=1`, for the steady state of the old behaviour;
+- `compile-cold` / `compile-warm`: `torch.compile(model)` in the script, with an empty and then a filled
+  Inductor cache: the first call's time is the reference for time-to-tuned.
+
+Workloads: `resnet50-mixed` and `bert-mixed` (batches 1 and 32, three small requests then a large one), and
+`bert-varlen` (batch 8, sequence length drawn from 32..128 per request). The serving script imports nothing of
+aitune; to tell when the JIT switched, it reads `PatchedModule`'s state when aitune is already loaded (the env
+var loaded it). Reported per run: p50 / p99 / max latency of the requests served while tuning ran and after,
+time-to-tuned (first request to the end of the first request answered by a tuned root), the root's final state
+(and why, when it stayed eager), outputs vs eager on fixed inputs.
+Results: `benchmarks/results/background_tuning-<device>-<commit>.json` (`--out` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import REPO
+
+WORKLOADS = {
+    "gpu": {"resnet50-mixed": ("resnet50", "mixed"), "bert-mixed": ("bert_base", "mixed"),
+            "bert-varlen": ("bert_base", "varlen")},
+    "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
+}
+CONTENDERS = ("eager", "jit-cold", "jit-warm", "jit-blocking", "compile-cold", "compile-warm")
+CHECK_SEEDS = (1000, 1001)
+
+
+# ----------------------------------------------------------------------------------------------- the served script
+def _inputs(model_name: str, module: torch.nn.Module, batch: int, seq: int, seed: int) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(seed)
+    if "bert" in model_name:
+        ids = torch.randint(1, module.config.vocab_size, (batch, seq), generator=g)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    size = 224 if model_name == "resnet50" else 32
+    return {"x": torch.randn(batch, 3, size, size, generator=g)}
+
+
+def _shape(schedule: str, index: int, rng: torch.Generator) -> tuple[int, int]:
+    """(batch, sequence length) of request `index`."""
+    if schedule == "mixed":
+        return (32 if index % 4 == 3 else 1), 128
+    return 8, int(torch.randint(32, 129, (1,), generator=rng))
+
+
+def _root_node(module: torch.nn.Module) -> Any:
+    jit = sys.modules.get("aitune_jit.patched_module")
+    return jit.PatchedModule.of(module) if jit is not None else None
+
+
+def _root_tuned(module: torch.nn.Module) -> bool:
+    node = _root_node(module)
+    return node is not None and node.state.value == "tuned"
+
+
+def serve(options: argparse.Namespace) -> int:
+    from benchmarks.suite import models
+
+    device = torch.device(options.device)
+    module = models.build(options.model, 1).module.to(device)
+    target = torch.compile(module) if options.compile else module
+    positional = "x" in _inputs(options.model, module, 1, 8, 0)
+
+    def call(kwargs: dict[str, Any]) -> Any:
+        return target(kwargs["x"]) if positional else target(**kwargs)
+
+    rng = torch.Generator().manual_seed(7)
+    rows = []
+    start = time.perf_counter()
+    tuned_after = None
+    with torch.no_grad():
+        for index in range(options.requests):
+            batch, seq = _shape(options.schedule, index, rng)
+            kwargs = {k: v.to(device) for k, v in _inputs(options.model, module, batch, seq, index % 8).items()}
+            begin = time.perf_counter()
+            out = call(kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            latency = time.perf_counter() - begin
+            tuned = _root_tuned(module) or bool(options.compile)
+            rows.append({"t": begin - start, "latency_s": latency, "batch": batch, "seq": seq, "tuned": tuned})
+            if tuned and tuned_after is None:
+                tuned_after = index
+            if tuned_after is not None and index - tuned_after >= options.after:
+                break
+            time.sleep(max(0.0, options.interval_ms / 1000 - latency))
+        checks = []
+        for seed in CHECK_SEEDS:
+            out = call({k: v.to(device) for k, v in _inputs(options.model, module, 4, 64, seed).items()})
+            tensor = out if isinstance(out, torch.Tensor) else out[0]
+            checks.append(tensor.float().cpu())
+    torch.save(checks, options.check_out)
+    node = _root_node(module)
+    Path(options.out).write_text(json.dumps({
+        "rows": rows, "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "root_state": node.state.value if node is not None else None,
+        "root_reason": node.reason if node is not None else None,
+    }))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------- the driver
+def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AITUNE_JIT_", "TORCHINDUCTOR_CACHE_DIR"))}
+    env.pop("AUTOWRAPT_BOOTSTRAP", None)
+    jit_cache = scratch / f"{model}-{schedule}-jit"
+    if contender.startswith("jit"):
+        env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_CACHE_DIR=str(jit_cache))
+        if contender == "jit-blocking":
+            env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-blocking"), AITUNE_JIT_BLOCKING="1")
+    if contender.startswith("compile"):
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / f"{model}-{schedule}-inductor")
+    out, check = scratch / f"{contender}.json", scratch / f"{contender}.pt"
+    command = [sys.executable, "-m", "benchmarks.background_tuning", "--serve", "--model", model, "--schedule",
+               schedule, "--device", args.device, "--requests", str(args.requests), "--after", str(args.after),
+               "--interval-ms", str(args.interval_ms), "--out", str(out), "--check-out", str(check)]
+    if contender.startswith("compile"):
+        command.append("--compile")
+    began = time.perf_counter()
+    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=args.timeout_s)
+    if result.returncode != 0:
+        return {"error": result.stderr[-2000:]}
+    data = json.loads(out.read_text())
+    data["wall_s"] = time.perf_counter() - began
+    data["checks"] = torch.load(check)
+    return data
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, Any]:
+    if "error" in data:
+        return {"error": data["error"]}
+    rows = data["rows"]
+    during = [r["latency_s"] for r in rows if not r["tuned"]]
+    after = [r["latency_s"] for r in rows if r["tuned"]]
+    first_tuned = next((r for r in rows if r["tuned"]), None)
+    summary = {
+        "requests": len(rows),
+        # the end of the first request a tuned root answered (for torch.compile: the end of its first call)
+        "time_to_tuned_s": first_tuned["t"] + first_tuned["latency_s"] if first_tuned is not None else None,
+        "root_state": data.get("root_state"),
+        "root_reason": data.get("root_reason"),
+        "first_call_s": rows[0]["latency_s"],
+        "during_p50_ms": 1e3 * statistics.median(during) if during else None,
+        "during_p99_ms": 1e3 * _pct(during, 0.99) if during else None,
+        "during_max_ms": 1e3 * max(during) if during else None,
+        "after_p50_ms": 1e3 * statistics.median(after[1:]) if len(after) > 1 else None,
+    }
+    if eager is not None and "checks" in eager:
+        pairs = zip(data["checks"], eager["checks"], strict=True)
+        summary["max_abs_diff_vs_eager"] = max(float((a - b).abs().max()) for a, b in pairs)
+    return summary
+
+
+def drive(args: argparse.Namespace) -> int:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "commit": commit.strip(), "device": args.device,
+                               "interval_ms": args.interval_ms, "workloads": {}}
+    for name, (model, schedule) in WORKLOADS[args.models].items():
+        if args.only and name not in args.only:
+            continue
+        with tempfile.TemporaryDirectory(prefix="aitune-bg-") as tmp:
+            raw = {c: _run(c, model, schedule, args, Path(tmp)) for c in CONTENDERS}
+        eager = raw["eager"]
+        rows = {c: summarize(raw[c], eager) for c in CONTENDERS}
+        base = rows["eager"]
+        eager_p99 = _pct([r["latency_s"] for r in eager.get("rows", [])], 0.99)
+        rows["ratios"] = {
+            "during_p99_over_eager_p99": (rows["jit-cold"].get("during_p99_ms") or 0) / (1e3 * eager_p99)
+            if eager_p99 else None,
+            "during_max_over_eager_p99": (rows["jit-cold"].get("during_max_ms") or 0) / (1e3 * eager_p99)
+            if eager_p99 else None,
+            "cold_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold"].get("time_to_tuned_s"),
+                                                                 rows["compile-cold"].get("first_call_s")),
+            "warm_over_cold_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
+                                                   rows["jit-cold"].get("time_to_tuned_s")),
+            "warm_time_to_tuned_over_warm_compile_first_call": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
+                                                                      rows["compile-warm"].get("first_call_s")),
+            "steady_background_over_blocking": _ratio(rows["jit-cold"].get("after_p50_ms"),
+                                                      rows["jit-blocking"].get("after_p50_ms")),
+            "eager_p50_ms": base.get("after_p50_ms") or base.get("during_p50_ms"),
+        }
+        results["workloads"][name] = rows
+        print(json.dumps({name: rows}, indent=1), flush=True)
+    out = args.out or REPO / "benchmarks" / "results" / f"background_tuning-{args.device}-{results['commit']}.json"
+    Path(out).write_text(json.dumps(results, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model")
+    p.add_argument("--schedule", choices=["mixed", "varlen"], default="mixed")
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--check-out")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--models", choices=sorted(WORKLOADS), default="gpu")
+    p.add_argument("--only", nargs="*", help="workload names to run (default: all of --models)")
+    p.add_argument("--requests", type=int, default=3000, help="at most this many requests per run")
+    p.add_argument("--after", type=int, default=200, help="requests served after the root is tuned")
+    p.add_argument("--interval-ms", type=float, default=20.0)
+    p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.add_argument("--out")
+    args = p.parse_args(argv)
+    if args.serve:
+        if args.model is None:
+            p.error("--serve needs --model")
+        return serve(args)
+    return drive(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""Tuning decisions reused by identical modules of this process and by later processes.
+
+When a graph of a node is ready, its decision key (`aitune_core.decision_key`: module structure, graph spec,
+strategy and candidates, environment) is looked up, first among the decisions taken in this process (the
+16 identical blocks of a transformer: the first is tuned, the others reuse its decision), then in the
+persistent store under `jit_config.cache_dir` (`aitune_core.decision_store`). A hit skips the graph-break
+probe and every losing candidate:
+
+- "backend": only the chosen backend is built (for Inductor, torch's FX graph cache makes that cheap) and
+  validated against this node's own recorded samples; a failed build or validation falls back to normal tuning.
+- "eager": the node stays eager for the same reason, its children open or not as the decision says.
+
+`jit_config.reuse_decisions = False` turns both off (every module is tuned from scratch, nothing is written).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aitune_core.decision_key import decision_key
+from aitune_core.decision_store import INDUCTOR, Decision, DecisionStore
+from aitune_jit.config import jit_config
+
+if TYPE_CHECKING:
+    import torch
+
+    from aitune_core.backends.backend import Backend
+    from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
+    from aitune_core.strategies.strategy import TuneReport
+
+#: a `PatchedModule` (not imported: this file stays outside the node/hook/tuner import circle)
+PatchedModule = Any
+
+_logger = logging.getLogger("aitune.jit")
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+_memory: dict[str, Decision] = {}
+_environments: dict[str, dict[str, str]] = {}  # key -> the environment part of that key (for `cache list`)
+_lock = threading.Lock()
+
+
+def reset() -> None:
+    """Forget the decisions taken in this process (the persistent store is untouched)."""
+    with _lock:
+        _memory.clear()
+        _environments.clear()
+
+
+def store() -> DecisionStore:
+    return DecisionStore(jit_config.cache_dir)
+
+
+def point_inductor_cache() -> None:
+    """Inductor's caches go under the aitune cache folder (so that replicas sharing that folder share compiled
+    kernels, and `cache clear` clears them), unless someone chose their folder: TORCHINDUCTOR_CACHE_DIR is
+    left alone unless it is unset or torch's own default (torch writes its default into the variable when
+    dynamo is first imported)."""
+    if not jit_config.reuse_decisions:
+        return
+    current = os.environ.get(INDUCTOR_CACHE_ENV)
+    if current is not None:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            if os.path.abspath(current) != os.path.abspath(default_cache_dir()):
+                return
+        except Exception:  # a torch without that helper: leave the variable alone
+            return
+    os.environ[INDUCTOR_CACHE_ENV] = str(Path(jit_config.cache_dir).absolute() / INDUCTOR)
+
+
+def keys_for(node: PatchedModule, graphs: list[GraphSpec], strategy: Any, device: torch.device) -> dict[str, str]:
+    """Decision key per graph name (empty when reuse is off or a key cannot be computed)."""
+    module = node.module
+    if not jit_config.reuse_decisions or module is None:
+        return {}
+    keys = {}
+    for spec in graphs:
+        try:
+            key, parts = decision_key(module, spec, strategy, device)
+            keys[spec.name] = key
+            _environments[key] = parts["environment"]
+        except Exception:  # an odd module (e.g. a parameter without a shape): tuned normally
+            _logger.debug("no decision key for %s graph %s", node.path, spec.name, exc_info=True)
+    return keys
+
+
+def lookup(key: str) -> tuple[Decision, str] | None:
+    """The decision for `key` and where it came from ("this process" or the store's file), or None."""
+    with _lock:
+        decision = _memory.get(key)
+    if decision is not None:
+        return decision, "this process"
+    try:
+        decision = store().get(key)
+    except Exception:
+        _logger.debug("cannot read the decision store", exc_info=True)
+        return None
+    if decision is None:
+        return None
+    with _lock:
+        _memory.setdefault(key, decision)
+    return decision, f"the cache ({store().path(key)})"
+
+
+def remember(key: str | None, decision: Decision, *, persist: bool = True) -> None:
+    """Keep a decision for identical modules and, with `persist`, publish it to the store (never raises)."""
+    from aitune_jit.worker import abandoned
+
+    if key is None or not jit_config.reuse_decisions or abandoned():  # a cut-short job decides nothing
+        return
+    decision.environment = decision.environment or _environments.get(key, {})
+    with _lock:
+        _memory[key] = decision
+    if not persist:
+        return
+    try:
+        store().put(decision)
+    except Exception as exc:  # a read-only or full disk: reuse in this process still works
+        _logger.debug("cannot write decision %s (%r)", key, exc)
+
+
+def remember_backend(key: str | None, node: PatchedModule, spec: GraphSpec, report: TuneReport) -> None:
+    backend = report.backend
+    if key is None:
+        return
+    try:
+        config = backend.config.to_dict()
+        decision = Decision(
+            key=key, kind="backend", backend_type=type(backend).__name__, backend_config=config,
+            backend_path=f"{type(backend).__module__}.{type(backend).__qualname__}",
+            backend_description=backend.describe(), source=node.path, speedup=report.speedup,
+            module=node.short, graph=graph_label(spec), validated_samples=_validated_count(node, spec),
+        )
+    except Exception:  # a config that is not plain data: not reusable
+        _logger.debug("decision of %s not kept", node.path, exc_info=True)
+        return
+    remember(key, decision)
+
+
+def remember_eager(
+    key: str | None, node: PatchedModule, spec: GraphSpec, reason: str, *, reopen: bool, persist: bool = True
+) -> None:
+    """An eager decision. A verdict of speed ("no backend is faster than eager") is `persist=False`: identical
+    siblings share it, but a later process measures again (one busy moment must not keep a module eager for good);
+    graph breaks and failures that follow from the module's code are stored."""
+    if key is None:
+        return
+    try:
+        decision = Decision(key=key, kind="eager", reason=reason, reopen=reopen, source=node.path,
+                            module=node.short, graph=graph_label(spec))
+    except Exception:
+        _logger.debug("decision of %s not kept", node.path, exc_info=True)
+        return
+    remember(key, decision, persist=persist)
+
+
+def graph_label(spec: GraphSpec) -> str:
+    """`0: x float32[2..8,3,32,32]`: the graph's name and its input tensors, for `cache list`."""
+    tensors = []
+    for tensor in spec.input_spec.tensors[:3]:
+        dims = ",".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(tensor.min_shape, tensor.max_shape))
+        tensors.append(f"{tensor.name} {str(tensor.dtype).replace('torch.', '')}[{dims}]")
+    more = ", ..." if len(spec.input_spec.tensors) > 3 else ""
+    return f"{spec.name}: {', '.join(tensors)}{more}"
+
+
+def _validated_count(node: PatchedModule, spec: GraphSpec) -> int:
+    recorder = node.recorder
+    try:
+        return len(recorder.samples(spec)) if recorder is not None else 0
+    except KeyError:
+        return 0
+
+
+def _backend_class(decision: Decision) -> type[Backend]:
+    """The class that made the decision: the loaded `Backend` subclass at `backend_path` (nothing is imported
+    for it), else the registry's class of that name."""
+    from aitune_core.backends.backend import Backend
+    from aitune_core.backends.registry import backend_class
+
+    stack = list(Backend.__subclasses__())
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if f"{cls.__module__}.{cls.__qualname__}" == decision.backend_path:
+            return cls
+    return backend_class(str(decision.backend_type))
+
+
+def rebuild(
+    decision: Decision, proxy: torch.nn.Module, spec: GraphSpec, samples: list[Sample], device: torch.device,
+    cache_dir: Path,
+) -> Backend:
+    """Build the decided backend for this node and validate it on this node's own samples (raises on failure)."""
+    from aitune_core.validation.validator import validate_backend
+
+    cls = _backend_class(decision)
+    backend = cls(cls.config_class.from_dict(dict(decision.backend_config or {})))
+    backend.build(proxy, spec, samples, device, cache_dir / backend.key())
+    try:
+        validate_backend(backend, spec, samples)
+    except BaseException:
+        if backend.is_active:
+            backend.deactivate()
+        raise
+    return backend
+
+
+def reuse(
+    node: PatchedModule, proxy: torch.nn.Module, graphs: list[GraphSpec], samples: dict[str, list[Sample]],
+    keys: dict[str, str], device: torch.device, cache_dir: Path, first: bool,
+) -> tuple[list[tuple[GraphSpec, Backend]], list[TuneReport], bool]:
+    """Apply the known decisions of `graphs`: `(entries, reports, finished)`. Graphs decided here are removed
+    from `graphs`; `finished` means the node went eager (nothing more to tune)."""
+    from aitune_core.strategies.strategy import TuneReport
+
+    entries: list[tuple[GraphSpec, Backend]] = []
+    reports: list[TuneReport] = []
+    for spec in list(graphs):
+        key = keys.get(spec.name)
+        found = lookup(key) if key is not None else None
+        if found is None:
+            continue
+        growth = getattr(node, "_growth", None)
+        if growth is not None and spec.name in growth.due:  # a re-tune over wider ranges, decided here
+            growth.retuned(spec.name)
+        decision, origin = found
+        where = f"{decision.source} from {origin}" if origin != "this process" else decision.source
+        if decision.kind == "eager":
+            reason = f"{decision.reason} (reused the decision of {where})"
+            if first and not entries:  # (a node with a reused backend is tuned: its other graphs only fail)
+                node.go_eager(reason, reopen=decision.reopen)
+                return entries, reports, True
+            node._failed[spec.name] = reason
+            graphs.remove(spec)
+            continue
+        start = time.perf_counter()
+        try:
+            backend = rebuild(decision, proxy, spec, samples[spec.name], device, cache_dir)
+        except Exception as exc:
+            node._log(f"{node.short} graph {spec.name}: the decision of {where} ({decision.describe()}) does not "
+                      f"hold here ({type(exc).__name__}: {exc}); tuning it normally")
+            continue
+        measured = f", measured {decision.speedup:.2f}x there" if decision.speedup is not None else ""
+        node._log(f"{node.short} graph {spec.name}: reused the decision of {where}: {backend.describe()}{measured}; "
+                  f"built and validated in {time.perf_counter() - start:.2f}s")
+        entries.append((spec, backend))
+        reports.append(TuneReport(backend=backend, strategy="reused decision"))
+        graphs.remove(spec)
+    return entries, reports, False

@@ -1,0 +1,312 @@
+"""The background tuning worker: tuning off the request path.
+
+The call that completes `min_samples` for a graph only queues its node (`submit`); the node keeps answering
+with the original module while a worker thread tunes it from the recorded samples (each sample owns copies
+of its inputs). When tuning ends, the node's transition (`go_tuned` / `go_eager`) is applied by the worker in
+one step: the dispatcher is complete before the state says TUNED, so each call sees either the old or the new
+node, never half of it.
+
+- One worker per process, one job at a time (tuning never competes with itself for the device), nodes queued
+  in order. Each job runs on its own daemon thread, supervised: a job still running after
+  `jit_config.tuning_timeout_s` is abandoned, its node stays eager (children closed), and the queue goes on;
+  whatever the abandoned thread produces later is discarded (`abandoned()`).
+- The job (`tuner.tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
+  `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches.
+- Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
+  short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
+  interpreter exit the worker waits at most `EXIT_WAIT_S` for it; the exit summary lists what was still tuning.
+- A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
+  that were queued in the parent stay eager.
+- `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from aitune_jit.config import jit_config
+
+#: a `PatchedModule` (not imported: the worker stays outside the node/hook/tuner import circle)
+PatchedModule = Any
+
+_logger = logging.getLogger("aitune.jit")
+#: longest wait for a running job at interpreter exit (seconds)
+EXIT_WAIT_S = 5.0
+
+
+class _Job:
+    __slots__ = ("abandoned", "node_ref", "path", "started")
+
+    def __init__(self, node: Any) -> None:
+        self.node_ref = weakref.ref(node)
+        self.path = node.path
+        self.abandoned = False
+        self.started: float | None = None
+
+
+_local = threading.local()
+
+
+def abandoned() -> bool:
+    """True in a job thread whose job was abandoned (timed out) or that outlived the program (the main thread
+    finished: torch refuses new thread pools then): its outcome must be neither applied nor remembered."""
+    job = getattr(_local, "job", None)
+    return job is not None and (job.abandoned or not threading.main_thread().is_alive())
+
+
+class TuningWorker:
+    """The queue and its supervisor thread (see the module docstring)."""
+
+    def __init__(self, run: Callable[[PatchedModule], None]) -> None:
+        self._run = run
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._cond = threading.Condition()
+        self._current: _Job | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="aitune-tuning", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------------------------------- API
+    def submit(self, node: PatchedModule) -> None:
+        with self._cond:
+            if self._stopping:
+                node._tuning = False
+                return
+            self._queue.append(_Job(node))
+            self._cond.notify_all()
+
+    def pending(self) -> list[str]:
+        """Paths of the job running now and of the queued ones."""
+        with self._cond:
+            jobs = ([self._current] if self._current is not None else []) + list(self._queue)
+        return [job.path for job in jobs]
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the queue is empty and no job runs; False if `timeout` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._current is not None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def stop(self, wait_s: float) -> list[str]:
+        """Start no new job, wait up to `wait_s` for the running one; returns what is left unfinished."""
+        with self._cond:
+            self._stopping = True
+            for job in self._queue:
+                node = job.node_ref()
+                if node is not None:
+                    node._tuning = False
+            left = [job.path for job in self._queue]
+            self._queue.clear()
+            self._cond.notify_all()
+        self.wait(wait_s)
+        current = self._current
+        return ([current.path] if current is not None else []) + left
+
+    # ---------------------------------------------------------------------------------------- loop
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if (self._stopping and not self._queue) or not threading.main_thread().is_alive():
+                    return  # (at exit, `stop` reports and drops what is still queued)
+                job = self._queue.popleft()
+                self._current = job
+            try:
+                self._supervise(job)
+            except Exception:  # the supervisor must survive anything a node transition raises
+                _logger.debug("supervising the tuning job of %s failed", job.path, exc_info=True)
+            finally:
+                with self._cond:
+                    self._current = None
+                    self._cond.notify_all()
+
+    def _supervise(self, job: _Job) -> None:
+        node = job.node_ref()
+        if node is None:
+            return
+        del node  # the job thread holds the node only while it runs
+        thread = threading.Thread(target=self._job_body, args=(job,), name="aitune-tuning-job", daemon=True)
+        job.started = time.monotonic()
+        thread.start()
+        thread.join(jit_config.tuning_timeout_s)
+        if thread.is_alive():
+            job.abandoned = True
+            node = job.node_ref()
+            if node is not None:
+                node._tuning = False
+                node.go_eager(
+                    f"tuning did not finish within jit_config.tuning_timeout_s={jit_config.tuning_timeout_s:g}s",
+                    reopen=False, level=logging.WARNING,
+                )
+
+    def _job_body(self, job: _Job) -> None:
+        _local.job = job
+        node = job.node_ref()
+        if node is None:
+            return
+        prime_inductor_without_fx_patching()
+        try:
+            with _own_stream(node):
+                self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
+        except Exception:  # the runner reports its own failures; this is the last line of defence
+            _logger.debug("tuning job of %s failed", job.path, exc_info=True)
+        finally:
+            _local.job = None
+
+
+@contextlib.contextmanager
+def _own_stream(node: PatchedModule) -> Iterator[None]:
+    """On CUDA, compile and capture on a side stream, so the main thread's kernels are not queued behind them;
+    synchronized before the job ends (and before the node switches, see `sync_stream`)."""
+    module = node.module
+    device = jit_config.device
+    if device is None and module is not None:
+        device = next((p.device for p in module.parameters()), None)
+    if device is None or device.type != "cuda" or not torch.cuda.is_available():
+        yield
+        return
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.default_stream(device))  # the samples' copies, queued by the calling thread
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        stream.synchronize()
+
+
+def _identity_graph_module(fn: Any) -> torch.fx.GraphModule:
+    """What `torch.fx.symbolic_trace(identity)` returns, built with the Graph API (no tracer, no patching)."""
+    graph = torch.fx.Graph()
+    graph.output(graph.placeholder("x"))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+_primed = False
+
+
+def prime_inductor_without_fx_patching() -> None:
+    """Inductor's code generation builds, once per process, `torch.fx.symbolic_trace(identity)`
+    (`torch._inductor.loop_body.InterpreterShim._dummy_gm`). A symbolic trace replaces `torch.nn.Module.__call__`
+    process-wide while it runs, so a module call made meanwhile by another thread - the application serving
+    requests while the worker compiles - goes through FX's tracer and fails ("module is not installed as a
+    submodule"). The worker fills that cache first with an equal graph module built without tracing."""
+    global _primed
+    if _primed:
+        return
+    _primed = True
+    try:
+        from torch._inductor.loop_body import InterpreterShim
+
+        saved = torch.fx.symbolic_trace
+        torch.fx.symbolic_trace = _identity_graph_module  # type: ignore[assignment]
+        try:
+            InterpreterShim._dummy_gm()
+        finally:
+            torch.fx.symbolic_trace = saved
+    except Exception:  # another torch: nothing to prime
+        _logger.debug("could not prime Inductor's identity graph module", exc_info=True)
+
+
+def sync_stream() -> None:
+    """Before a node switches to a backend built on this thread: its work on the side stream is complete."""
+    if getattr(_local, "job", None) is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.current_stream().synchronize()
+
+
+# -------------------------------------------------------------------------------------------- process-wide
+_worker: TuningWorker | None = None
+_worker_lock = threading.Lock()
+_atexit_registered = False
+
+
+def _quiet_after_exit(record: logging.LogRecord) -> bool:
+    """A job cut short by the program's end fails in odd ways (torch refuses new thread pools): those records are
+    not shown on aitune's own stderr handler; the exit summary says what was still tuning instead."""
+    if record.threadName.startswith("aitune-tuning") and not threading.main_thread().is_alive():
+        job = getattr(_local, "job", None)
+        if job is not None and job.path not in _unfinished:
+            _unfinished.append(job.path)
+        return False
+    return True
+
+
+def _quiet_stderr_handler() -> None:
+    from aitune_core.log import ROOT_LOGGER_NAME, StderrWarningHandler
+
+    for handler in logging.getLogger(ROOT_LOGGER_NAME).handlers:
+        if isinstance(handler, StderrWarningHandler) and _quiet_after_exit not in handler.filters:
+            handler.addFilter(_quiet_after_exit)
+
+
+def submit(node: PatchedModule, run: Callable[[PatchedModule], None]) -> None:
+    """Queue `node` for tuning by `run(node)` on the worker (started on first use)."""
+    global _worker, _atexit_registered
+    with _worker_lock:
+        if _worker is None:
+            _worker = TuningWorker(run)
+            _quiet_stderr_handler()
+            if not _atexit_registered:
+                _atexit_registered = True
+                atexit.register(_at_exit)
+        worker = _worker
+    worker.submit(node)
+
+
+def pending() -> list[str]:
+    worker = _worker
+    return worker.pending() if worker is not None else []
+
+
+def wait_until_tuned(timeout: float | None = None) -> bool:
+    """Wait until background tuning has nothing left to do (queue empty, no job running).
+
+    Returns True when it drained, False when `timeout` seconds passed first. Modules that become ready later
+    (new graphs, children of a module that stayed eager) queue new jobs; call it again after those calls.
+    """
+    worker = _worker
+    if worker is None:
+        return True
+    drained = worker.wait(timeout)
+    return drained and worker.wait(0)
+
+
+_unfinished: list[str] = []
+
+
+def unfinished_at_exit() -> list[str]:
+    """What was still tuning (or queued) when the interpreter exited (for the exit summary)."""
+    return list(_unfinished)
+
+
+def _at_exit() -> None:
+    worker = _worker
+    if worker is not None:
+        for path in worker.stop(EXIT_WAIT_S):
+            if path not in _unfinished:
+                _unfinished.append(path)
+
+
+def _after_fork_in_child() -> None:
+    global _worker
+    _worker = None  # the parent's threads do not exist in the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,152 @@
+"""Identical siblings tuned once, decisions reused by a later run, and unusable decisions tuned again."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from jit_helpers import CountingBackend, RaisingBackend, make_mlp, run
+
+from aitune_core.decision_store import Decision, DecisionStore
+from aitune_jit import decisions
+from aitune_jit.config import jit_config
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.state import NodeState
+from aitune_jit.switch import disable, enable
+
+
+def _siblings_only():
+    """The root is skipped, so its blocks (identical) are the candidates; blocks are tuned, not their layers."""
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+    jit_config.skip_modules = ["MLP", "Sequential"]
+
+
+def _tunings(name: str) -> list[str]:
+    return [h for h in PatchedModule.history if h.startswith(f"Tuning {name}")]
+
+
+def test_identical_siblings_are_tuned_once_and_reuse_the_decision():
+    _siblings_only()
+    model = make_mlp(blocks=4)
+    reference = run(make_mlp(blocks=4), [2, 3, 4, 5])
+    enable()
+    outputs = run(model, [2, 3, 4, 5])
+    for out, ref in zip(outputs, reference):
+        torch.testing.assert_close(out, ref)
+    blocks = [PatchedModule.of(block) for block in model.blocks]
+    assert all(node.state is NodeState.TUNED for node in blocks)
+    assert len(_tunings("Block")) == 1  # only the first block ran the strategy
+    reused = [h for h in PatchedModule.history if "reused the decision of MLP.blocks.0:" in h]
+    assert len(reused) == 3
+    # one build per block (the chosen backend only, validated on the block's own samples), one for the head
+    assert CountingBackend.builds == 4 + 1
+
+
+def test_a_later_run_reuses_the_stored_decision(tmp_path):
+    _siblings_only()
+    enable()
+    run(make_mlp(blocks=2), [2, 3, 4])
+    disable()
+    stored = sorted(d.module.split()[0] for _p, d in DecisionStore(jit_config.cache_dir).entries())
+    assert stored == ["Block", "Linear"]  # one per distinct module (the head is a Linear), not per block
+    decisions.reset()  # a new process: nothing in memory, the store on disk
+    PatchedModule.clear_history()
+    enable()
+    model = make_mlp(blocks=2)
+    run(model, [2, 3, 4])
+    assert _tunings("Block") == []
+    assert all(PatchedModule.of(b).state is NodeState.TUNED for b in model.blocks)
+    assert any("reused the decision of MLP.blocks.0 from the cache" in h for h in PatchedModule.history)
+
+
+def test_a_decision_that_does_not_hold_here_is_tuned_again(caplog):
+    """A stored decision whose backend fails to build for this module: normal tuning, outputs unchanged."""
+    _siblings_only()
+    enable()
+    run(make_mlp(blocks=1), [2, 3])
+    disable()
+    store = DecisionStore(jit_config.cache_dir)
+    stored = next(d for _p, d in store.entries() if d.module.startswith("Block"))
+    raising = {"backend_type": "RaisingBackend", "backend_description": "raising",
+               "backend_path": f"{RaisingBackend.__module__}.{RaisingBackend.__qualname__}"}
+    store.put(Decision(**{**stored.to_dict(), **raising}))
+    decisions.reset()
+    PatchedModule.clear_history()
+    enable()
+    model = make_mlp(blocks=1)
+    outputs = run(model, [2, 3, 4])
+    torch.testing.assert_close(outputs, run(make_mlp(blocks=1), [2, 3, 4]))
+    assert any("does not hold here" in h for h in PatchedModule.history)
+    assert len(_tunings("Block")) == 1 and PatchedModule.of(model.blocks[0]).state is NodeState.TUNED
+
+
+def test_a_damaged_entry_is_ignored_with_a_warning_and_tuned_again(caplog):
+    _siblings_only()
+    enable()
+    run(make_mlp(blocks=1), [2, 3])
+    disable()
+    path = next(p for p, d in DecisionStore(jit_config.cache_dir).entries() if d.module.startswith("Block"))
+    path.write_text(path.read_text()[:40])
+    decisions.reset()
+    PatchedModule.clear_history()
+    enable()
+    model = make_mlp(blocks=1)
+    with caplog.at_level(logging.WARNING, logger="aitune.cache"):
+        run(model, [2, 3, 4])
+    assert any("Ignoring aitune cache entry" in r.getMessage() for r in caplog.records)
+    assert len(_tunings("Block")) == 1 and PatchedModule.of(model.blocks[0]).state is NodeState.TUNED
+
+
+def test_reuse_can_be_switched_off():
+    _siblings_only()
+    jit_config.reuse_decisions = False
+    enable()
+    run(make_mlp(blocks=3), [2, 3])
+    assert len(_tunings("Block")) == 3
+    assert not (jit_config.cache_dir / "decisions").exists()
+
+
+def test_the_decided_class_is_found_by_its_full_name_not_only_its_name():
+    """Two backend classes called CountingBackend (the core tests have one too): the decision names its own."""
+    from aitune_core.backends.backend import Backend
+
+    class CountingBackend(Backend):  # same name, another class
+        def _build(self, module, graph_spec, data, cache_dir):
+            raise AssertionError("the other class was used")
+
+        def _infer(self, *args, **kwargs):  # pragma: no cover
+            raise AssertionError
+
+    _siblings_only()
+    enable()
+    run(make_mlp(blocks=3), [2, 3])
+    assert len(_tunings("Block")) == 1
+    assert sum("reused the decision of MLP.blocks.0:" in h for h in PatchedModule.history) == 2
+    assert CountingBackend.__name__ == "CountingBackend"
+
+
+def test_a_speed_verdict_is_shared_by_siblings_but_not_stored():
+    """"No backend is faster" depends on the machine's load at that moment: siblings share it, the store keeps
+    nothing (a later process measures again)."""
+    from aitune_core.errors import NotFasterThanEagerError
+    from aitune_core.strategies.strategy import TuneStrategy
+
+    class NeverFaster(TuneStrategy):
+        calls = 0
+
+        def _tune(self, module, name, graph_spec, data, device, cache_dir):
+            NeverFaster.calls += 1
+            raise NotFasterThanEagerError("no backend is at least 1.05x faster than eager (best 1.01x)")
+
+    _siblings_only()
+    jit_config.strategy = NeverFaster([CountingBackend()])
+    jit_config.skip_modules = ["MLP", "Sequential", "Linear", "LayerNorm", "ReLU"]
+    reference = run(make_mlp(blocks=3), [2, 3])
+    enable()
+    model = make_mlp(blocks=3)
+    torch.testing.assert_close(run(model, [2, 3]), reference)
+    assert NeverFaster.calls == 1
+    assert sum("reused the decision of MLP.blocks.0)" in h for h in PatchedModule.history) == 2
+    assert list(DecisionStore(jit_config.cache_dir).entries()) == []

@@ -1,0 +1,144 @@
+"""Background tuning: the call that makes a graph ready never waits; the node switches when the worker is done."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from jit_helpers import CountingBackend, make_mlp, run
+
+from aitune_jit import summary, worker
+from aitune_jit.config import jit_config
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.state import NodeState
+from aitune_jit.switch import enable
+from aitune_jit.worker import wait_until_tuned
+
+
+@pytest.fixture
+def background():
+    jit_config.blocking = False
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+    yield
+    wait_until_tuned(timeout=30)
+
+
+def _timed_calls(model: torch.nn.Module, batches: list[int]) -> list[float]:
+    durations = []
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for batch in batches:
+            start = time.perf_counter()
+            model(torch.randn(batch, 32, generator=generator))
+            durations.append(time.perf_counter() - start)
+    return durations
+
+
+def test_the_call_that_completes_min_samples_does_not_wait_for_tuning(background):
+    CountingBackend.build_delay_s = 1.0  # a slow build, on the worker
+    model = make_mlp()
+    enable()
+    durations = _timed_calls(model, [2, 3])
+    node = PatchedModule.of(model)
+    assert max(durations) < 0.5 and node.state is NodeState.RECORDING
+    outputs = run(model, [2, 3, 2])  # answered by the original module meanwhile
+    torch.testing.assert_close(outputs, run(make_mlp(), [2, 3, 2]))
+    assert wait_until_tuned(timeout=30)
+    assert node.state is NodeState.TUNED
+    infers = CountingBackend.infers
+    torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(), [2, 3]))
+    assert CountingBackend.infers > infers  # the tuned calls go through the backend now
+
+
+def test_a_hung_build_is_abandoned_after_the_timeout(background, caplog):
+    CountingBackend.build_delay_s = 3.0
+    jit_config.tuning_timeout_s = 0.3
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    assert wait_until_tuned(timeout=10)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.EAGER and "tuning_timeout_s=0.3" in node.reason
+    time.sleep(3.2)  # the abandoned build finishes: its result is discarded
+    assert node.state is NodeState.EAGER
+    torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(), [2, 3]))
+
+
+def test_wait_until_tuned_times_out_and_pending_names_the_job(background):
+    CountingBackend.build_delay_s = 1.0
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    assert worker.pending() == ["MLP"]
+    assert wait_until_tuned(timeout=0.05) is False
+    assert wait_until_tuned(timeout=30) is True and worker.pending() == []
+    assert PatchedModule.of(model).state is NodeState.TUNED
+
+
+def test_stop_at_exit_reports_unfinished_jobs(background):
+    CountingBackend.build_delay_s = 1.0
+    tuning = worker.TuningWorker(lambda node: time.sleep(1.0))
+    model = make_mlp()
+    enable()
+    run(model, [2])
+    tuning.submit(PatchedModule.of(model))
+    time.sleep(0.1)
+    assert tuning.stop(wait_s=0.05) == ["MLP"]
+    worker._unfinished[:] = ["MLP"]
+    try:
+        assert any("still tuning at exit" in line and "MLP" in line for line in summary.summary_lines())
+    finally:
+        worker._unfinished.clear()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_without_the_parents_worker(background):
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    assert worker._worker is not None
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no worker object inherited
+        os.write(write, b"none" if worker._worker is None else b"some")
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 10)
+    os.waitpid(pid, 0)
+    assert answer == b"none"
+
+
+def test_switching_jit_off_while_a_job_runs_leaves_the_module_untouched(background):
+    from aitune_jit.switch import disable
+
+    CountingBackend.build_delay_s = 0.5
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    disable()
+    assert wait_until_tuned(timeout=30)
+    assert "forward" not in model.__dict__  # no aitune wrapper came back
+    torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(), [2, 3]))
+    assert not any(r.path == "MLP" for r in summary._records.values())
+
+
+def test_inductor_s_one_symbolic_trace_is_primed_without_patching_module_call(monkeypatch):
+    """torch.fx.symbolic_trace patches nn.Module.__call__ process-wide while it runs: a request served on the main
+    thread meanwhile would fail. The worker fills Inductor's cached identity graph module without tracing."""
+    from torch._inductor.loop_body import InterpreterShim
+
+    traced = []
+    monkeypatch.setattr(torch.fx, "symbolic_trace", lambda fn: traced.append(fn))
+    monkeypatch.setattr(worker, "_primed", False)
+    InterpreterShim._dummy_gm.cache_clear()
+    try:
+        worker.prime_inductor_without_fx_patching()
+        gm = InterpreterShim._dummy_gm()
+        assert traced == [] and isinstance(gm, torch.fx.GraphModule) and gm(7) == 7
+        assert torch.fx.symbolic_trace is not worker._identity_graph_module  # put back
+    finally:
+        InterpreterShim._dummy_gm.cache_clear()
