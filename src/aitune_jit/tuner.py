@@ -13,7 +13,6 @@ without aitune's forward wrapper (so compiled code never depends on it).
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
 import re
 import time
@@ -23,6 +22,7 @@ import torch
 
 from aitune_core.backends.module_watch import submodule_hooks
 from aitune_core.errors import NotFasterThanEagerError
+from aitune_core.module_info import module_device
 from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit import decisions
 from aitune_jit.config import jit_config
@@ -53,19 +53,6 @@ class ForwardOnly(torch.nn.Module):
         super().__init__()
         self.module = module
         self.forward = forward  # the original (bound) forward: signature and behaviour of the user's module
-
-
-def module_device(module: torch.nn.Module, samples: list[Sample]) -> torch.device:
-    """Where the module lives: its first parameter or buffer, else its inputs, else the CPU."""
-    for tensor in itertools.chain(module.parameters(), module.buffers()):
-        return tensor.device
-    from aitune_core.specs.tree import flatten_values
-
-    for sample in samples:
-        for value in flatten_values((sample.args, sample.kwargs))[0]:
-            if isinstance(value, torch.Tensor):
-                return value.device
-    return torch.device("cpu")
 
 
 def _ready_graphs(node: PatchedModule) -> list[GraphSpec]:
@@ -207,7 +194,7 @@ def _tune_node(node: PatchedModule) -> None:
         return
     first = node.state is NodeState.RECORDING
     samples = {spec.name: recorder.samples(spec) for spec in graphs}
-    device = cfg.device or module_device(module, samples[graphs[0].name])
+    device = cfg.device or module_device(module, samples[graphs[0].name], default=torch.device("cpu"))
     if node._proxy is None:
         node._proxy = ForwardOnly(module, node._forward_fn)  # type: ignore[arg-type]
     proxy = node._proxy
