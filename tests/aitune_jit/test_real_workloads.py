@@ -153,3 +153,12 @@ def test_unet_ddim_loop_fp32(tmp_path):
 @pytest.mark.slow
 def test_unet_ddim_loop_bf16(tmp_path):
     _assert_unet_root_validated(_check("unet", tmp_path, BF16, AITUNE_JIT_PRECISION="bf16"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["gpt2", "unet", "appending"])
+def test_the_default_background_worker_keeps_every_answer_right(workload, tmp_path):
+    """The default mode: tuning runs on the worker thread from the recorded copies while the script goes on.
+    Whether the switch to a tuned backend comes before the script ends or not, every output is what plain eager
+    computed, the caller's objects are untouched, and exit neither hangs nor prints errors."""
+    _check(workload, tmp_path, AITUNE_JIT_BLOCKING="0")
