@@ -32,8 +32,9 @@ import torch
 
 from aitune_core.forward_slot import ForwardSlot, SlotForward
 from aitune_core.module_info import count_parameters
-from aitune_core.recording.argument_watch import ArgumentWatch
 from aitune_jit.config import jit_config
+from aitune_jit.node_recording import NodeRecording
+from aitune_jit.node_views import NodeViews, format_count
 from aitune_jit.range_growth import RangeGrowth
 from aitune_jit.runtime import CANDIDATE, in_dynamo_region, is_compiling, tls
 from aitune_jit.state import NodeState
@@ -52,17 +53,7 @@ HISTORY_LIMIT = 10_000
 SETTLE_CALLS = 3
 
 
-def format_count(count: int) -> str:
-    """Parameter counts as in the hierarchy view: 128, 9.4K, 11.7M, 1.2B."""
-    if count < 1000:
-        return str(count)
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.1f}{unit}"
-    return str(count)  # pragma: no cover
-
-
-class PatchedModule:
+class PatchedModule(NodeRecording, NodeViews):
     """A module seen by the JIT hook; see the module docstring. Class-level views: `print_hierarchy`,
     `history` / `print_history`, `roots()`, `of(module)`."""
 
@@ -156,53 +147,6 @@ class PatchedModule:
     def module(self) -> torch.nn.Module | None:
         return self._module_ref()
 
-    @property
-    def short(self) -> str:
-        return f"{self.name} 📊{format_count(self.num_parameters)}"
-
-    @property
-    def backends(self) -> list[Backend]:
-        return [backend for _spec, backend in self._entries]
-
-    @property
-    def backend_names(self) -> list[str]:
-        names: list[str] = []
-        for backend in self.backends:
-            if backend.name not in names:
-                names.append(backend.name)
-        return names
-
-    @property
-    def speedup(self) -> float | None:
-        """Eager / tuned latency measured at recorded shapes (first graph that was measured), else None."""
-        for report in self.reports:
-            if report.speedup is not None:
-                return report.speedup
-        return None
-
-    @property
-    def dispatcher(self) -> GraphDispatcher | None:
-        return self._dispatcher
-
-    @property
-    def recorder(self) -> GraphRecorder | None:
-        return self._recorder
-
-    def __str__(self) -> str:
-        backend = f" ({', '.join(self.backend_names)})" if self.state is NodeState.TUNED and self._entries else ""
-        eager = f" eager_fallbacks={self._growth.total}" if self._growth.total else ""
-        return (
-            f"{self.short} level={self.level}🪜 state={self.state}{backend} call_count={self.call_count}{eager}"
-        )
-
-    @property
-    def fallbacks(self) -> int:
-        """Calls of tuned graphs that ran eagerly because their shapes were outside the tuned ranges."""
-        return self._growth.total
-
-    def __repr__(self) -> str:
-        return f"<PatchedModule {self.path} {self.state.name}>"
-
     def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
         # A deepcopy / pickle of the module must not share (or carry) this node. A deepcopy gets CANDIDATE (a
         # fresh candidate, adopted on its first call: the marker deep-copies to itself); a pickle gets None (the
@@ -245,25 +189,6 @@ class PatchedModule:
             node = stack.pop()
             yield node
             stack.extend(reversed(node.children))
-
-    @classmethod
-    def hierarchy_lines(cls) -> list[str]:
-        lines = ["JIT Tuning Hierarchy:"]
-        for node in cls.walk():
-            lines.append(f"{'   ' * node.level}├─ {node}")
-        return lines
-
-    @classmethod
-    def print_hierarchy(cls, sink: Callable[[str], Any] = print) -> None:
-        """Print the observed call tree: one line per node with parameters, level, state, backend, calls."""
-        for line in cls.hierarchy_lines():
-            sink(line)
-
-    @classmethod
-    def print_history(cls, sink: Callable[[str], Any] = print) -> None:
-        """Print every step JIT tuning took (new modules, graph-break checks, tuning, failures, detaching)."""
-        for line in list(cls.history):
-            sink(line)
 
     @classmethod
     def _log(cls, message: str, level: int = logging.INFO) -> None:
@@ -377,66 +302,6 @@ class PatchedModule:
             return self._recorded_call(forward, args, kwargs)  # type: ignore[arg-type]
         return forward(*args, **kwargs)  # type: ignore[misc]
 
-    def _recorded_call(self, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        """Run the original forward and record the call: inputs as they were before it ran, and whether it
-        changed them (a forward that changes its arguments cannot be replayed for tuning)."""
-        watch = self._watch(args, kwargs)
-        output = forward(*args, **kwargs)
-        try:
-            self._record(args, kwargs, output, watch)
-            if self._pending:
-                self._try_tune()
-        except Exception as exc:  # aitune's own failure: never the user's call
-            self._internal_error("recording", exc)
-        return output
-
-    def _watch(self, args: tuple, kwargs: dict) -> ArgumentWatch | None:
-        try:
-            recorder = self._recorder
-            names = recorder.binder.positional if recorder is not None else ()
-            return ArgumentWatch.before(args, kwargs, names)
-        except Exception as exc:
-            _logger.debug("%s: cannot watch the arguments of this call (%r)", self.path, exc)
-            return None
-
-    def _internal_error(self, stage: str, exc: Exception) -> None:
-        """A bug or an unexpected failure inside aitune while `stage` ran: the node stops being tuned (its calls run
-        the original module), with the reason in the history and one WARNING."""
-        _logger.debug("aitune failed while %s %s", stage, self.path, exc_info=True)
-        reason = f"aitune failed while {stage} it ({type(exc).__name__}: {exc})"
-        try:
-            tuned = self.state is NodeState.TUNED
-            if tuned:
-                self._entries = []
-                self._dispatcher = None
-            self.go_eager(reason, reopen=not tuned, level=logging.WARNING)
-        except Exception:  # pragma: no cover - the last line of defence must not raise either
-            _logger.debug("could not send %s to eager", self.path, exc_info=True)
-
-    def _recordable(self, args: tuple, kwargs: dict) -> bool:
-        """Only inference calls are recorded and dispatched: eval mode, and no autograd graph to preserve."""
-        module = self.module
-        if module is None:
-            return False
-        if module.training:
-            self._note_once(
-                "training",
-                f"{self.short} is in training mode: its calls run eagerly and are not recorded (use .eval())",
-            )
-            return False
-        if torch.is_grad_enabled() and (
-            self._trainable
-            or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-            or any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
-        ):
-            self._note_once(
-                "grad",
-                f"{self.short} is called with gradients enabled: those calls run eagerly and are not recorded "
-                "(use torch.no_grad() or torch.inference_mode())",
-            )
-            return False
-        return True
-
     def _become_candidate(self) -> None:
         from aitune_core.recording.graph_recorder import GraphRecorder
 
@@ -447,59 +312,6 @@ class PatchedModule:
         self._install_forward(module)
         self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
         self.state = NodeState.RECORDING
-
-    def _record(self, args: tuple, kwargs: dict, output: Any, watch: ArgumentWatch | None = None) -> None:
-        recorder = self._recorder
-        if recorder is None or self._tuning:  # the worker reads the recorder now; this call stays eager
-            return
-        if watch is not None:
-            changed = watch.changes()
-            if changed is not None:
-                self._not_replayable(f"its forward changes {changed}, so its calls cannot be replayed for tuning")
-                return
-            args, kwargs = watch.args, watch.kwargs  # as the forward received them
-        try:
-            spec = recorder.record(args, kwargs, output)
-        except Exception as exc:
-            reason = f"its calls cannot be recorded ({type(exc).__name__}: {exc})"
-            _logger.debug("Recording %s failed", self.path, exc_info=True)
-            if self.state is NodeState.RECORDING:
-                self.go_eager(reason)
-            else:
-                self._recorder = None
-                self._note_once("record", f"{self.short}: new graphs are not tuned: {reason}", logging.WARNING)
-            return
-        if spec is None:  # beyond config.max_num_graphs: the recorder warned once
-            return
-        name = spec.name
-        if name in self._failed:
-            return
-        if any(s.name == name for s, _ in self._entries):  # a tuned graph's call outside its ranges
-            if self._growth.missed(name):
-                self._log(f"{self.short}: {jit_config.retune_after_misses} calls of graph {name} fell outside its "
-                          f"tuned ranges; tuning it again over {_ranges(spec)}")
-                self._pending = True
-            return
-        cfg = jit_config
-        if recorder.num_samples(name) < cfg.min_samples:
-            return
-        if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
-            self._note_once(
-                f"batch-axis-{name}",
-                f"{self.short}: graph {name} has {recorder.num_samples(name)} recordings but no batch axis yet "
-                "(jit_config.batch_axis_required); still recording",
-            )
-            return
-        self._pending = True
-
-    def _not_replayable(self, reason: str) -> None:
-        """Recorded calls cannot be replayed: a RECORDING node stays eager (its children become candidates); a TUNED
-        node keeps its tuned graphs but records no new ones."""
-        if self.state is NodeState.RECORDING:
-            self.go_eager(reason)
-        else:
-            self._recorder = None
-            self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
 
     def _try_tune(self) -> None:
         from aitune_jit.tuner import request_tuning
@@ -655,15 +467,6 @@ def _release_backend(backend: Backend) -> None:
             backend.deactivate()
     except Exception:
         _logger.debug("could not deactivate %s", backend.describe(), exc_info=True)
-
-
-def _ranges(spec: GraphSpec) -> str:
-    """`x[1..8, 32..128]`-style summary of a graph's input ranges (for the history)."""
-    parts = []
-    for tensor in spec.input_spec.tensors:
-        axes = ", ".join(f"{lo}..{hi}" if lo != hi else str(lo) for lo, hi in zip(tensor.min_shape, tensor.max_shape))
-        parts.append(f"{tensor.name}[{axes}]")
-    return " ".join(parts) or "its inputs"
 
 
 def _skip_hook_frames() -> None:

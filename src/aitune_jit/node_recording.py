@@ -1,0 +1,153 @@
+"""`NodeRecording`: how a JIT node records its module's calls (a mixin of `PatchedModule`).
+
+Why a file of its own: recording is the part of a node that must never change what the program computes, and
+the most subtle one - calls are recorded as the forward received them (`ArgumentWatch`), a forward that changes
+its arguments makes the node not replayable, only inference calls are recorded, and any failure inside aitune
+while recording ends the node's tuning instead of the user's call. The node's state, transitions and dispatch
+live in `patched_module.py`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from aitune_core.recording.argument_watch import ArgumentWatch
+from aitune_jit.config import jit_config
+from aitune_jit.state import NodeState
+
+if TYPE_CHECKING:
+    from aitune_core.specs.graph_spec import GraphSpec
+
+_logger = logging.getLogger("aitune.jit")
+
+
+class NodeRecording:
+    """Recording half of `PatchedModule` (its attributes are the node's; see `patched_module.py`)."""
+
+    __slots__ = ()
+
+    def _recorded_call(self, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """Run the original forward and record the call: inputs as they were before it ran, and whether it
+        changed them (a forward that changes its arguments cannot be replayed for tuning)."""
+        watch = self._watch(args, kwargs)
+        output = forward(*args, **kwargs)
+        try:
+            self._record(args, kwargs, output, watch)
+            if self._pending:
+                self._try_tune()
+        except Exception as exc:  # aitune's own failure: never the user's call
+            self._internal_error("recording", exc)
+        return output
+
+    def _watch(self, args: tuple, kwargs: dict) -> ArgumentWatch | None:
+        try:
+            recorder = self._recorder
+            names = recorder.binder.positional if recorder is not None else ()
+            return ArgumentWatch.before(args, kwargs, names)
+        except Exception as exc:
+            _logger.debug("%s: cannot watch the arguments of this call (%r)", self.path, exc)
+            return None
+
+    def _internal_error(self, stage: str, exc: Exception) -> None:
+        """A bug or an unexpected failure inside aitune while `stage` ran: the node stops being tuned (its calls run
+        the original module), with the reason in the history and one WARNING."""
+        _logger.debug("aitune failed while %s %s", stage, self.path, exc_info=True)
+        reason = f"aitune failed while {stage} it ({type(exc).__name__}: {exc})"
+        try:
+            tuned = self.state is NodeState.TUNED
+            if tuned:
+                self._entries = []
+                self._dispatcher = None
+            self.go_eager(reason, reopen=not tuned, level=logging.WARNING)
+        except Exception:  # pragma: no cover - the last line of defence must not raise either
+            _logger.debug("could not send %s to eager", self.path, exc_info=True)
+
+    def _recordable(self, args: tuple, kwargs: dict) -> bool:
+        """Only inference calls are recorded and dispatched: eval mode, and no autograd graph to preserve."""
+        module = self.module
+        if module is None:
+            return False
+        if module.training:
+            self._note_once(
+                "training",
+                f"{self.short} is in training mode: its calls run eagerly and are not recorded (use .eval())",
+            )
+            return False
+        if torch.is_grad_enabled() and (
+            self._trainable
+            or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+            or any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
+        ):
+            self._note_once(
+                "grad",
+                f"{self.short} is called with gradients enabled: those calls run eagerly and are not recorded "
+                "(use torch.no_grad() or torch.inference_mode())",
+            )
+            return False
+        return True
+
+    def _record(self, args: tuple, kwargs: dict, output: Any, watch: ArgumentWatch | None = None) -> None:
+        recorder = self._recorder
+        if recorder is None or self._tuning:  # the worker reads the recorder now; this call stays eager
+            return
+        if watch is not None:
+            changed = watch.changes()
+            if changed is not None:
+                self._not_replayable(f"its forward changes {changed}, so its calls cannot be replayed for tuning")
+                return
+            args, kwargs = watch.args, watch.kwargs  # as the forward received them
+        try:
+            spec = recorder.record(args, kwargs, output)
+        except Exception as exc:
+            reason = f"its calls cannot be recorded ({type(exc).__name__}: {exc})"
+            _logger.debug("Recording %s failed", self.path, exc_info=True)
+            if self.state is NodeState.RECORDING:
+                self.go_eager(reason)
+            else:
+                self._recorder = None
+                self._note_once("record", f"{self.short}: new graphs are not tuned: {reason}", logging.WARNING)
+            return
+        if spec is None:  # beyond config.max_num_graphs: the recorder warned once
+            return
+        name = spec.name
+        if name in self._failed:
+            return
+        if any(s.name == name for s, _ in self._entries):  # a tuned graph's call outside its ranges
+            if self._growth.missed(name):
+                self._log(f"{self.short}: {jit_config.retune_after_misses} calls of graph {name} fell outside its "
+                          f"tuned ranges; tuning it again over {_ranges(spec)}")
+                self._pending = True
+            return
+        cfg = jit_config
+        if recorder.num_samples(name) < cfg.min_samples:
+            return
+        if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
+            self._note_once(
+                f"batch-axis-{name}",
+                f"{self.short}: graph {name} has {recorder.num_samples(name)} recordings but no batch axis yet "
+                "(jit_config.batch_axis_required); still recording",
+            )
+            return
+        self._pending = True
+
+    def _not_replayable(self, reason: str) -> None:
+        """Recorded calls cannot be replayed: a RECORDING node stays eager (its children become candidates); a TUNED
+        node keeps its tuned graphs but records no new ones."""
+        if self.state is NodeState.RECORDING:
+            self.go_eager(reason)
+        else:
+            self._recorder = None
+            self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
+
+
+def _ranges(spec: GraphSpec) -> str:
+    """`x[1..8, 32..128]`-style summary of a graph's input ranges (for the history)."""
+    parts = []
+    for tensor in spec.input_spec.tensors:
+        axes = ", ".join(f"{lo}..{hi}" if lo != hi else str(lo) for lo, hi in zip(tensor.min_shape, tensor.max_shape))
+        parts.append(f"{tensor.name}[{axes}]")
+    return " ".join(parts) or "its inputs"
