@@ -111,7 +111,7 @@ class LoadTransaction:
         """A wrapper this load created: its routing is removed and its name freed on rollback."""
 
         def unwrap() -> None:
-            wrapper._remove_routed_forward()
+            wrapper._self_slot.remove()
             MODULE_REGISTRY.unregister(wrapper.name)
 
         self._undo.append(unwrap)

@@ -1,20 +1,20 @@
 """`aitune.torch.Module`: a transparent proxy around a torch module that records, tunes and dispatches.
 
-The proxy (a wrapt `CallableObjectProxy`) forwards attribute access, indexing, `isinstance` and
-`state_dict` to the wrapped module. What changes is the wrapped module's `forward`: the proxy installs an
-instance-level `forward` on the wrapped module that routes each call by the wrapper's state:
+The proxy (a wrapt `CallableObjectProxy`) forwards attribute access, indexing, `isinstance` and `state_dict` to
+the wrapped module. What changes is the wrapped module's `forward`: a `ForwardSlot` (aitune_core/forward_slot.py)
+routes each call by the wrapper's state:
 
 - INIT / PASSTHROUGH: the original forward, unchanged;
-- RECORDING: the original forward, and the call is recorded (GraphRecorder, batch size from the global
-  context); the original output is returned;
+- RECORDING: the original forward, and the call is recorded as the forward received it (GraphRecorder, batch size
+  from the global context); a forward that changes its arguments is not recorded and `tune` refuses it;
 - TUNED: a GraphDispatcher over the tuned backends, with an eager fallback (and one warning) for calls
   outside the tuned shape ranges. Its `ModuleWatch` follows the wrapped module after tuning (weights, submodules,
   training flags, hooks on submodules): baked-weight backends are refit, and calls no backend may serve run
   the original forward (`aitune_core/backends/module_watch.py`).
 
-Because the routing sits in `forward`, calling the proxy goes through the wrapped module's own
-`__call__`: forward pre/post hooks registered on it fire in every state, exactly once, and a parent that
-still holds the raw module (not the proxy) is routed too. Backends represent `forward` only:
+Because the routing sits in `forward`, calling the proxy goes through the wrapped module's own `__call__`: forward
+pre/post hooks registered on it fire in every state, exactly once, and a parent that still holds the raw module
+(not the proxy) is routed too. Backends represent `forward` only:
 - while a backend runs (and while strategies build backends, or a checkpoint restores them), the module's
   forward hooks are hidden, so a backend that calls the module (eager, torch.compile'd module) neither
   fires them a second time nor bakes them into a compiled graph (the recorded reference outputs are
@@ -24,9 +24,8 @@ still holds the raw module (not the proxy) is routed too. Backends represent `fo
 Hiding the hooks swaps the module's hook dicts for the duration of a backend call; a call of the same
 module from another thread at that moment would not fire the hooks.
 
-`state_dict()` stays the wrapped module's own (so a parent's `state_dict()` is unchanged by wrapping);
-the aitune serialization of the tuned state is `to_dict()` / `from_dict()`, and whole checkpoints are
-written by `aitune.torch.save` / `load`.
+`state_dict()` stays the wrapped module's own (a parent's `state_dict()` is unchanged by wrapping); the tuned state
+is `to_dict()` / `from_dict()`, and whole checkpoints are written by `aitune.torch.save` / `load`.
 """
 
 from __future__ import annotations
@@ -43,9 +42,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import wrapt
 
+from aitune_aot.chainable import install_chainable_methods
 from aitune_aot.hooks_hidden import hooks_hidden
 from aitune_aot.registry import MODULE_REGISTRY, default_name, sanitize_name
-from aitune_aot.strategy_choice import strategies_for, validate_strategies
+from aitune_aot.strategy_choice import default_strategy, strategies_for, validate_strategies
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.config import config
 from aitune_core.errors import NotReplayableError
@@ -66,23 +66,6 @@ _logger = logging.getLogger("aitune.aot.module")
 
 StrategyList = Sequence["TuneStrategy"]
 StrategyMap = Mapping[str, "TuneStrategy"]
-
-def _first_wins_default_backends() -> TuneStrategy:
-    from aitune_core.strategies.defaults import default_strategy as core_default_strategy
-
-    return core_default_strategy(measure=False)
-
-
-#: Factory of the strategy used when neither the module nor `tune()` names one. Replace it to change the
-#: default for the whole process (e.g. `aitune_aot.module.default_strategy_factory = lambda: ...`).
-default_strategy_factory: Callable[[], TuneStrategy] = _first_wins_default_backends
-
-
-def default_strategy() -> TuneStrategy:
-    """A fresh default strategy unless the factory was replaced: `aitune_core.strategies.defaults.default_strategy(
-    measure=False)`, i.e. FirstWinsStrategy over `default_backends()` (Inductor; TensorRT first when importable)."""
-    return default_strategy_factory()
-
 
 class ModuleState(enum.Enum):
     INIT = "init"
@@ -159,12 +142,6 @@ class Module(wrapt.CallableObjectProxy):
 
     def _route_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._route(*args, **kwargs)
-
-    def _install_routed_forward(self) -> None:
-        self._self_slot.install()
-
-    def _remove_routed_forward(self) -> None:
-        self._self_slot.remove()
 
     @contextmanager
     def _original_forward(self) -> Iterator[torch.nn.Module]:
@@ -518,21 +495,4 @@ class Module(wrapt.CallableObjectProxy):
         return wrapper
 
 
-def _chainable(method_name: str) -> Callable[..., Any]:
-    def method(self: Module, *args: Any, **kwargs: Any) -> Any:
-        result = getattr(self.__wrapped__, method_name)(*args, **kwargs)
-        return self if result is self.__wrapped__ else result
-
-    method.__name__ = method_name
-    method.__qualname__ = f"Module.{method_name}"
-    method.__doc__ = f"`torch.nn.Module.{method_name}` of the wrapped module; returns this wrapper, not the module."
-    return method
-
-
-# torch.nn.Module methods that return `self`: keep `model = ait.Module(m).to(device).eval()` a wrapper.
-for _method_name in (
-    "to", "cuda", "cpu", "type", "float", "double", "half", "bfloat16",
-    "train", "eval", "requires_grad_", "apply", "to_empty", "share_memory",
-):
-    setattr(Module, _method_name, _chainable(_method_name))
-del _method_name
+install_chainable_methods(Module)

@@ -17,6 +17,23 @@ if TYPE_CHECKING:
 _logger = logging.getLogger("aitune.aot.module")
 
 
+def _first_wins_default_backends() -> TuneStrategy:
+    from aitune_core.strategies.defaults import default_strategy as core_default_strategy
+
+    return core_default_strategy(measure=False)
+
+
+#: Factory of the strategy used when neither the module nor `tune()` names one. Replace it to change the
+#: default for the whole process (e.g. `aitune_aot.strategy_choice.default_strategy_factory = lambda: ...`).
+default_strategy_factory: Callable[[], TuneStrategy] = _first_wins_default_backends
+
+
+def default_strategy() -> TuneStrategy:
+    """A fresh default strategy unless the factory was replaced: `aitune_core.strategies.defaults.default_strategy(
+    measure=False)`, i.e. FirstWinsStrategy over `default_backends()` (Inductor; TensorRT first when importable)."""
+    return default_strategy_factory()
+
+
 def validate_strategies(strategy: Any, strategies: Any) -> None:
     """The strategy and per-graph strategies (a list, or a dict keyed by graph name) have the right types."""
     if strategy is None and strategies is None:

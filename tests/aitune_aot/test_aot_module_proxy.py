@@ -5,6 +5,7 @@ import torch
 from aot_models import MLP, build
 
 import aitune_aot.module as aot_module
+import aitune_aot.strategy_choice as strategy_choice
 from aitune_aot.module import Module, ModuleState, find_wrapper
 from aitune_aot.registry import MODULE_REGISTRY
 from aitune_core.context import BATCH_SIZE_KEY, global_context
@@ -136,7 +137,7 @@ def test_state_transitions_and_force_semantics(monkeypatch):
 
 def test_default_strategy_is_overridable(monkeypatch):
     sentinel = object()
-    monkeypatch.setattr(aot_module, "default_strategy_factory", lambda: sentinel)
+    monkeypatch.setattr(strategy_choice, "default_strategy_factory", lambda: sentinel)
     assert aot_module.default_strategy() is sentinel
 
 
