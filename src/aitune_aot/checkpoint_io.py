@@ -51,6 +51,7 @@ from aitune_core.checkpoint.module_state import (
     save_module,
     save_state,
 )
+from aitune_core.device_check import unavailable
 from aitune_core.errors import CheckpointError
 from aitune_core.module_info import module_device
 from aitune_core.specs.graph_spec import GraphSpec
@@ -232,15 +233,9 @@ def _check_device(device: torch.device | str | None) -> torch.device | None:
         target = torch.device(device)
     except Exception as exc:
         raise CheckpointError(f"load(): {device!r} is not a device: {exc}") from exc
-    if target.type == "cpu" or target.type == "meta":
-        return target
-    backend = getattr(torch, target.type, None)
-    available = getattr(backend, "is_available", None)
-    if available is None or not available():
-        raise CheckpointError(f"load(): device {target} is not available on this machine")
-    count = getattr(backend, "device_count", lambda: 1)()
-    if target.index is not None and target.index >= count:
-        raise CheckpointError(f"load(): device {target} does not exist (this machine has {count})")
+    reason = unavailable(target)
+    if reason is not None:
+        raise CheckpointError(f"load(): device {target} cannot be used: {reason}")
     return target
 
 

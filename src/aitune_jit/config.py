@@ -66,6 +66,7 @@ import torch
 
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.backends.defaults import PRECISION_DTYPES, default_backends, tensorrt_available
+from aitune_core.device_check import unavailable
 from aitune_core.errors import ConfigError
 from aitune_core.log import warn_visibly
 from aitune_core.strategies.defaults import CUDA_EARLY_STOP_SPEEDUP
@@ -154,18 +155,9 @@ def validate_device(name: str, value: Any) -> torch.device | None:
         device = torch.device(value)
     except (RuntimeError, TypeError, ValueError) as exc:
         raise ConfigError(f"jit_config.{name}: {value!r} is not a device ({exc})") from exc
-    if device.type == "cpu":
-        return device
-    module = getattr(torch, device.type, None)
-    is_available = getattr(module, "is_available", None)
-    if is_available is None or not is_available():
-        raise ConfigError(f"jit_config.{name} = {value!r}, but no {device.type} device is available on this machine")
-    count = getattr(module, "device_count", lambda: 1)()
-    if device.index is not None and device.index >= count:
-        raise ConfigError(
-            f"jit_config.{name} = {value!r}, but this machine has {count} {device.type} device(s) "
-            f"(indices 0..{count - 1})"
-        )
+    reason = unavailable(device)
+    if reason is not None:
+        raise ConfigError(f"jit_config.{name} = {value!r}, but {reason}")
     return device
 
 

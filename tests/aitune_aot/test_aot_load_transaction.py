@@ -266,7 +266,7 @@ def test_unavailable_device_is_refused_before_anything_changes(ckpt):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     model = build(seed=1)
-    before = _load_fails(model, ckpt, "device cuda is not available", device="cuda")
+    before = _load_fails(model, ckpt, "device cuda cannot be used: no cuda device is available", device="cuda")
     _assert_unchanged(model, before)
 
 
