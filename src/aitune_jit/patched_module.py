@@ -361,10 +361,11 @@ class PatchedModule(NodeRecording, NodeViews):
         from aitune_core.backends.module_watch import ModuleWatch
 
         module = self.module
-        previous = self._dispatcher.watch if self._dispatcher is not None else None
+        old = self._dispatcher
+        previous = old.watch if old is not None else None
         watch = ModuleWatch(module, self.backends, self.path, previous) if module is not None else None
         return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
-                               watch=watch, original=self._forward_fn)
+                               watch=watch, original=self._forward_fn, warned=old.warned if old else None)
 
     # ------------------------------------------------------------------------------------------ transitions
     def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:

@@ -66,3 +66,17 @@ def test_re_tuning_is_bounded():
         assert growth.missed("0")
         growth.retuned("0")
     assert not growth.missed("0") and growth.total == MAX_RETUNES + 1
+
+
+def test_the_out_of_range_warning_is_shown_once_across_re_tunes(caplog):
+    import logging
+
+    _setup(after=2)
+    model = make_mlp()
+    enable()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        for batch in (2, 3, 6, 7, 12, 13):  # tuned over 2..3, again over 2..7, then 12 and 13 fall outside again
+            _call(model, batch)
+    assert CountingBackend.builds >= 2
+    warnings = [r for r in caplog.records if "does not match any tuned graph" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]

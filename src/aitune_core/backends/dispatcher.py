@@ -53,12 +53,15 @@ class GraphDispatcher:
         watch: ModuleWatch | None = None,
         original: Callable[..., Any] | None = None,
         refit: Callable[[Backend], bool] | None = None,
+        warned: set[tuple[str, str]] | None = None,
     ) -> None:
         self._entries: tuple[tuple[GraphSpec, Backend], ...] = tuple(entries)
         self._fallback = fallback
         self._on_backend_error = on_backend_error
         self._single = self._entries[0] if len(self._entries) == 1 else None
-        self._warned: set[tuple[str, str]] = set()
+        # reasons already warned about; a dispatcher that replaces another (a re-tuned graph) shares its set, so a
+        # cause is warned once per module, not once per dispatcher
+        self._warned: set[tuple[str, str]] = warned if warned is not None else set()
         self.misses = 0  # calls that went to the fallback
         self.name = name
         self._watch = watch
@@ -73,6 +76,11 @@ class GraphDispatcher:
     @property
     def entries(self) -> tuple[tuple[GraphSpec, Backend], ...]:
         return self._entries
+
+    @property
+    def warned(self) -> set[tuple[str, str]]:
+        """The (module, reason) pairs warned about so far (shared with a dispatcher that replaces this one)."""
+        return self._warned
 
     @property
     def fallback(self) -> Callable[..., Any]:
