@@ -1,7 +1,7 @@
 """Background JIT tuning, measured from the outside: request latency while tuning runs, time-to-tuned, a warm cache.
 
-    python -m benchmarks.background_tuning --device cuda                  # GPU acceptance (resnet50, BERT-base)
-    python -m benchmarks.background_tuning --device cpu --models tiny     # a CI-sized smoke run
+    python -m benchmarks.probes.background_tuning --device cuda                  # GPU acceptance (resnet50, BERT)
+    python -m benchmarks.probes.background_tuning --device cpu --models tiny     # a CI-sized smoke run
 
 For each workload, fresh processes serve a fixed request stream (one request every `--interval-ms`):
 
@@ -19,25 +19,31 @@ aitune; to tell when the JIT switched, it reads `PatchedModule`'s state when ait
 var loaded it). Reported per run: p50 / p99 / max latency of the requests served while tuning ran and after,
 time-to-tuned (first request to the end of the first request answered by a tuned root), the root's final state
 (and why, when it stayed eager), outputs vs eager on fixed inputs.
-Results: `benchmarks/results/background_tuning-<device>-<commit>.json` (`--out` to change).
+
+Where a slow request waited: a watchdog thread in the served process samples the Python stacks of the main
+thread and of aitune's tuning thread while a request runs longer than `--stall-ms`, and `gc.callbacks` time
+every garbage collection; the slowest requests' samples and the long collections are in the results.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import REPO
+from benchmarks import common
 
 WORKLOADS = {
     "gpu": {"resnet50-mixed": ("resnet50", "mixed"), "bert-mixed": ("bert_base", "mixed"),
@@ -46,6 +52,8 @@ WORKLOADS = {
 }
 CONTENDERS = ("eager", "jit-cold", "jit-warm", "jit-blocking", "compile-cold", "compile-warm")
 CHECK_SEEDS = (1000, 1001)
+#: frames kept per sampled stack (innermost last)
+STACK_DEPTH = 8
 
 
 # ----------------------------------------------------------------------------------------------- the served script
@@ -75,6 +83,51 @@ def _root_tuned(module: torch.nn.Module) -> bool:
     return node is not None and node.state.value == "tuned"
 
 
+def _stack(frame: Any) -> list[str]:
+    return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack(frame)[-STACK_DEPTH:]]
+
+
+class StallSampler:
+    """Samples where the main thread and the tuning thread are while a request runs longer than `stall_s`, and
+    times garbage collections; a daemon thread that wakes every `period_s`."""
+
+    def __init__(self, stall_s: float, period_s: float = 0.01) -> None:
+        self.stall_s, self.period_s = stall_s, period_s
+        self.current: tuple[int, float] | None = None  # (request index, begin), set by the serving loop
+        self.samples: dict[int, list[dict[str, Any]]] = {}
+        self.collections: list[dict[str, Any]] = []
+        self._gc_began: float | None = None
+        self._main = threading.main_thread().ident
+        self._origin = time.perf_counter()
+        gc.callbacks.append(self._on_gc)
+        threading.Thread(target=self._loop, name="stall-sampler", daemon=True).start()
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began is not None:
+            took = time.perf_counter() - self._gc_began
+            if took > 0.005:
+                self.collections.append({"t": self._gc_began - self._origin, "ms": 1e3 * took,
+                                         "generation": info.get("generation"),
+                                         "thread": threading.current_thread().name})
+
+    def _loop(self) -> None:
+        while True:
+            time.sleep(self.period_s)
+            current = self.current
+            if current is None or time.perf_counter() - current[1] < self.stall_s:
+                continue
+            kept = self.samples.setdefault(current[0], [])
+            if len(kept) >= 3:
+                continue
+            frames = sys._current_frames()
+            tuning = [t.ident for t in threading.enumerate() if t.name.startswith("aitune-tuning-job")]
+            kept.append({"after_ms": 1e3 * (time.perf_counter() - current[1]),
+                         "main": _stack(frames[self._main]) if self._main in frames else [],
+                         "tuning": _stack(frames[tuning[0]]) if tuning and tuning[0] in frames else []})
+
+
 def serve(options: argparse.Namespace) -> int:
     from benchmarks.suite import models
 
@@ -86,6 +139,7 @@ def serve(options: argparse.Namespace) -> int:
     def call(kwargs: dict[str, Any]) -> Any:
         return target(kwargs["x"]) if positional else target(**kwargs)
 
+    sampler = StallSampler(options.stall_ms / 1000)
     rng = torch.Generator().manual_seed(7)
     rows = []
     start = time.perf_counter()
@@ -95,10 +149,12 @@ def serve(options: argparse.Namespace) -> int:
             batch, seq = _shape(options.schedule, index, rng)
             kwargs = {k: v.to(device) for k, v in _inputs(options.model, module, batch, seq, index % 8).items()}
             begin = time.perf_counter()
-            out = call(kwargs)
+            sampler.current = (index, begin)
+            call(kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             latency = time.perf_counter() - begin
+            sampler.current = None
             tuned = _root_tuned(module) or bool(options.compile)
             rows.append({"t": begin - start, "latency_s": latency, "batch": batch, "seq": seq, "tuned": tuned})
             if tuned and tuned_after is None:
@@ -113,10 +169,13 @@ def serve(options: argparse.Namespace) -> int:
             checks.append(tensor.float().cpu())
     torch.save(checks, options.check_out)
     node = _root_node(module)
+    slowest = sorted(sampler.samples, key=lambda i: -rows[i]["latency_s"] if i < len(rows) else 0)[:8]
     Path(options.out).write_text(json.dumps({
-        "rows": rows, "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__, "root_state": node.state.value if node is not None else None,
+        "rows": rows, "root_state": node.state.value if node is not None else None,
         "root_reason": node.reason if node is not None else None,
+        "stalls": [{"request": i, "latency_ms": 1e3 * rows[i]["latency_s"], "samples": sampler.samples[i]}
+                   for i in slowest if i < len(rows)],
+        "long_collections": sorted(sampler.collections, key=lambda c: -c["ms"])[:10],
     }))
     return 0
 
@@ -133,17 +192,25 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
     if contender.startswith("compile"):
         env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / f"{model}-{schedule}-inductor")
     out, check = scratch / f"{contender}.json", scratch / f"{contender}.pt"
-    command = [sys.executable, "-m", "benchmarks.background_tuning", "--serve", "--model", model, "--schedule",
-               schedule, "--device", args.device, "--requests", str(args.requests), "--after", str(args.after),
-               "--interval-ms", str(args.interval_ms), "--out", str(out), "--check-out", str(check)]
+    # eager never switches: it serves as many requests as the others serve after their switch
+    requests = args.after + 50 if contender == "eager" else args.requests
+    command = [sys.executable, "-m", "benchmarks.probes.background_tuning", "--serve", "--model", model,
+               "--schedule", schedule, "--device", args.device, "--requests", str(requests), "--after",
+               str(args.after), "--interval-ms", str(args.interval_ms), "--stall-ms", str(args.stall_ms),
+               "--out", str(out), "--check-out", str(check)]
     if contender.startswith("compile"):
         command.append("--compile")
     began = time.perf_counter()
-    result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=args.timeout_s)
+    try:
+        result = subprocess.run(command, env=env, cwd=common.REPO, capture_output=True, text=True,
+                                timeout=args.timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no answer within {args.timeout_s:g}s"}
     if result.returncode != 0:
         return {"error": result.stderr[-2000:]}
     data = json.loads(out.read_text())
     data["wall_s"] = time.perf_counter() - began
+    data["stderr_lines"] = len(result.stderr.splitlines())
     data["checks"] = torch.load(check)
     return data
 
@@ -173,55 +240,84 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
         "during_p99_ms": 1e3 * _pct(during, 0.99) if during else None,
         "during_max_ms": 1e3 * max(during) if during else None,
         "after_p50_ms": 1e3 * statistics.median(after[1:]) if len(after) > 1 else None,
+        "after_max_ms": 1e3 * max(after[1:]) if len(after) > 1 else None,
     }
+    for key in ("stalls", "long_collections", "stderr_lines"):
+        if key in data:
+            summary[key] = data[key]
     if eager is not None and "checks" in eager:
         pairs = zip(data["checks"], eager["checks"], strict=True)
         summary["max_abs_diff_vs_eager"] = max(float((a - b).abs().max()) for a, b in pairs)
     return summary
 
 
-def drive(args: argparse.Namespace) -> int:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "commit": commit.strip(), "device": args.device,
-                               "interval_ms": args.interval_ms, "workloads": {}}
-    for name, (model, schedule) in WORKLOADS[args.models].items():
-        if args.only and name not in args.only:
-            continue
-        with tempfile.TemporaryDirectory(prefix="aitune-bg-") as tmp:
-            raw = {c: _run(c, model, schedule, args, Path(tmp)) for c in CONTENDERS}
-        eager = raw["eager"]
-        rows = {c: summarize(raw[c], eager) for c in CONTENDERS}
-        base = rows["eager"]
-        eager_p99 = _pct([r["latency_s"] for r in eager.get("rows", [])], 0.99)
-        rows["ratios"] = {
-            "during_p99_over_eager_p99": (rows["jit-cold"].get("during_p99_ms") or 0) / (1e3 * eager_p99)
-            if eager_p99 else None,
-            "during_max_over_eager_p99": (rows["jit-cold"].get("during_max_ms") or 0) / (1e3 * eager_p99)
-            if eager_p99 else None,
-            "cold_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold"].get("time_to_tuned_s"),
-                                                                 rows["compile-cold"].get("first_call_s")),
-            "warm_over_cold_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
-                                                   rows["jit-cold"].get("time_to_tuned_s")),
-            "warm_time_to_tuned_over_warm_compile_first_call": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
-                                                                      rows["compile-warm"].get("first_call_s")),
-            "steady_background_over_blocking": _ratio(rows["jit-cold"].get("after_p50_ms"),
-                                                      rows["jit-blocking"].get("after_p50_ms")),
-            "eager_p50_ms": base.get("after_p50_ms") or base.get("during_p50_ms"),
-        }
-        results["workloads"][name] = rows
-        print(json.dumps({name: rows}, indent=1), flush=True)
-    out = args.out or REPO / "benchmarks" / "results" / f"background_tuning-{args.device}-{results['commit']}.json"
-    Path(out).write_text(json.dumps(results, indent=1))
-    print(f"wrote {out}")
-    return 0
+def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The acceptance ratios of one workload (None where a run failed or has no such phase)."""
+    eager_p99 = _pct([r["latency_s"] for r in eager_rows], 0.99)
+    cold, base = rows["jit-cold"], rows["eager"]
+    return {
+        "eager_p50_ms": base.get("during_p50_ms"),
+        "eager_p99_ms": 1e3 * eager_p99 if eager_p99 else None,
+        "during_p99_over_eager_p99": _ratio(cold.get("during_p99_ms"), 1e3 * eager_p99 if eager_p99 else None),
+        "during_max_over_eager_p99": _ratio(cold.get("during_max_ms"), 1e3 * eager_p99 if eager_p99 else None),
+        "cold_time_to_tuned_over_compile_first_call": _ratio(cold.get("time_to_tuned_s"),
+                                                             rows["compile-cold"].get("first_call_s")),
+        "warm_over_cold_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"), cold.get("time_to_tuned_s")),
+        "warm_time_to_tuned_over_warm_compile_first_call": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
+                                                                  rows["compile-warm"].get("first_call_s")),
+        "steady_background_over_blocking": _ratio(cold.get("after_p50_ms"), rows["jit-blocking"].get("after_p50_ms")),
+        "steady_jit_over_compile": _ratio(cold.get("after_p50_ms"), rows["compile-cold"].get("after_p50_ms")),
+    }
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def _fmt(value: Any, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, float | None]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{name}: latency while tuning runs (ms), time-to-tuned (s)")
+    for column in ("contender", "tuned at s", "first call s", "during p50", "during p99", "during max",
+                   "after p50", "root", "max |diff|"):
+        table.add_column(column, justify="left" if column in ("contender", "root") else "right")
+    for contender in CONTENDERS:
+        row = rows[contender]
+        if "error" in row:
+            table.add_row(contender, "error: " + row["error"].strip().splitlines()[-1][:60] if row["error"] else "")
+            continue
+        table.add_row(contender, _fmt(row["time_to_tuned_s"]), _fmt(row["first_call_s"]),
+                      _fmt(row["during_p50_ms"]), _fmt(row["during_p99_ms"]), _fmt(row["during_max_ms"]),
+                      _fmt(row["after_p50_ms"], 3), str(row["root_state"] or ""),
+                      _fmt(row.get("max_abs_diff_vs_eager"), 6) if "max_abs_diff_vs_eager" in row else "-")
+    console = Console()
+    console.print(table)
+    console.print({k: round(v, 3) if isinstance(v, float) else v for k, v in ratio.items()})
+
+
+def drive(args: argparse.Namespace) -> int:
+    header = common.environment("background_tuning", args.device, args.git_commit)
+    results: dict[str, Any] = {**header, "interval_ms": args.interval_ms, "workloads": {}}
+    for name, (model, schedule) in WORKLOADS[args.models].items():
+        if args.only and name not in args.only:
+            continue
+        with tempfile.TemporaryDirectory(prefix="aitune-bg-") as tmp:
+            raw = {c: _run(c, model, schedule, args, Path(tmp)) for c in CONTENDERS}
+        rows = {c: summarize(raw[c], raw["eager"]) for c in CONTENDERS}
+        ratio = ratios(rows, raw["eager"].get("rows", []))
+        results["workloads"][name] = {**rows, "ratios": ratio}
+        print_table(name, rows, ratio)
+    common.write_result(common.result_path(header, args.models, *(args.only or ()), out=args.out), results)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model")
     p.add_argument("--schedule", choices=["mixed", "varlen"], default="mixed")
@@ -233,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=3000, help="at most this many requests per run")
     p.add_argument("--after", type=int, default=200, help="requests served after the root is tuned")
     p.add_argument("--interval-ms", type=float, default=20.0)
+    p.add_argument("--stall-ms", type=float, default=50.0, help="sample stacks of requests slower than this")
     p.add_argument("--timeout-s", type=float, default=1800.0)
-    p.add_argument("--out")
     args = p.parse_args(argv)
     if args.serve:
         if args.model is None:
