@@ -16,7 +16,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
 Workloads: `resnet50-mixed` and `bert-mixed` (batches 1 and 32, three small requests then a large one), and
 `bert-varlen` (batch 8, sequence length drawn from 32..128 per request). The serving script imports nothing of
 aitune; to tell when the JIT switched, it reads `PatchedModule`'s state when aitune is already loaded (the env
-var loaded it). Reported per run: p50 / p99 / max latency of the requests served while tuning ran and after,
+var loaded it). Reported per run: p50 / p99 / max latency of the requests served while tuning ran (the root not
+tuned yet, or the worker busy with more graphs) and after,
 time-to-tuned (first request to the end of the first request answered by a tuned root), the root's final state
 (and why, when it stayed eager), outputs vs eager on fixed inputs.
 
@@ -83,6 +84,12 @@ def _root_tuned(module: torch.nn.Module) -> bool:
     return node is not None and node.state.value == "tuned"
 
 
+def _worker_busy() -> bool:
+    """True while aitune's background worker has a job running or queued (False without aitune)."""
+    worker = sys.modules.get("aitune_jit.worker")
+    return worker is not None and bool(worker.pending())
+
+
 def _stack(frame: Any) -> list[str]:
     return [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in traceback.extract_stack(frame)[-STACK_DEPTH:]]
 
@@ -143,7 +150,7 @@ def serve(options: argparse.Namespace) -> int:
     rng = torch.Generator().manual_seed(7)
     rows = []
     start = time.perf_counter()
-    tuned_after = None
+    steady_from = None  # the first request after the root is tuned and the worker has nothing left to do
     with torch.no_grad():
         for index in range(options.requests):
             batch, seq = _shape(options.schedule, index, rng)
@@ -156,10 +163,12 @@ def serve(options: argparse.Namespace) -> int:
             latency = time.perf_counter() - begin
             sampler.current = None
             tuned = _root_tuned(module) or bool(options.compile)
-            rows.append({"t": begin - start, "latency_s": latency, "batch": batch, "seq": seq, "tuned": tuned})
-            if tuned and tuned_after is None:
-                tuned_after = index
-            if tuned_after is not None and index - tuned_after >= options.after:
+            busy = _worker_busy()
+            rows.append({"t": begin - start, "latency_s": latency, "batch": batch, "seq": seq, "tuned": tuned,
+                         "tuning": busy or not tuned})
+            if tuned and not busy and steady_from is None:
+                steady_from = index
+            if steady_from is not None and index - steady_from >= options.after:
                 break
             time.sleep(max(0.0, options.interval_ms / 1000 - latency))
         checks = []
@@ -226,8 +235,9 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
     if "error" in data:
         return {"error": data["error"]}
     rows = data["rows"]
-    during = [r["latency_s"] for r in rows if not r["tuned"]]
-    after = [r["latency_s"] for r in rows if r["tuned"]]
+    # while tuning runs (the root not tuned yet, or the worker still busy with other graphs) / after it all ended
+    during = [r["latency_s"] for r in rows if r.get("tuning", not r["tuned"])]
+    after = [r["latency_s"] for r in rows if not r.get("tuning", not r["tuned"])]
     first_tuned = next((r for r in rows if r["tuned"]), None)
     summary = {
         "requests": len(rows),
@@ -307,7 +317,8 @@ def drive(args: argparse.Namespace) -> int:
         if args.only and name not in args.only:
             continue
         with tempfile.TemporaryDirectory(prefix="aitune-bg-") as tmp:
-            raw = {c: _run(c, model, schedule, args, Path(tmp)) for c in CONTENDERS}
+            raw = {c: _run(c, model, schedule, args, Path(tmp)) if c in args.contenders else {"error": "not run"}
+                   for c in CONTENDERS}
         rows = {c: summarize(raw[c], raw["eager"]) for c in CONTENDERS}
         ratio = ratios(rows, raw["eager"].get("rows", []))
         results["workloads"][name] = {**rows, "ratios": ratio}
@@ -328,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="*", help="workload names to run (default: all of --models)")
     p.add_argument("--requests", type=int, default=3000, help="at most this many requests per run")
     p.add_argument("--after", type=int, default=200, help="requests served after the root is tuned")
+    p.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS),
+                   help="run only these (eager is the reference of every ratio; jit-warm reuses jit-cold's cache)")
     p.add_argument("--interval-ms", type=float, default=20.0)
     p.add_argument("--stall-ms", type=float, default=50.0, help="sample stacks of requests slower than this")
     p.add_argument("--timeout-s", type=float, default=1800.0)

@@ -11,7 +11,8 @@ node, never half of it.
   `jit_config.tuning_timeout_s` is abandoned, its node stays eager (children closed), and the queue goes on;
   whatever the abandoned thread produces later is discarded (`abandoned()`).
 - The job (`tuner.tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
-  `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches.
+  `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches; it hands the
+  GIL back quickly and keeps garbage collections small (`worker_courtesy.courteous`).
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
   short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
   interpreter exit the worker waits at most `EXIT_WAIT_S` for it; the exit summary lists what was still tuning.
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from aitune_jit.config import jit_config
+from aitune_jit.worker_courtesy import courteous
 
 #: a `PatchedModule` (not imported: the worker stays outside the node/hook/tuner import circle)
 PatchedModule = Any
@@ -163,7 +165,7 @@ class TuningWorker:
             return
         prime_inductor_without_fx_patching()
         try:
-            with _own_stream(node):
+            with _own_stream(node), courteous():
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)

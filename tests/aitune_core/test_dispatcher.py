@@ -198,3 +198,31 @@ def test_when_the_original_forward_fails_too_the_users_error_propagates_and_the_
     with pytest.raises(ValueError, match="the user's own check") as info:
         dispatcher(torch.randn(3, 8))
     assert info.value.__suppress_context__ and info.value.__cause__ is None and blamed == []  # no aitune chain shown
+
+
+def test_a_compiled_backend_refusing_while_fx_traces_elsewhere_is_answered_by_the_original_and_kept(tmp_path):
+    """torch's FX-tracing flag is process-wide: while the background worker traces, dynamo refuses every compiled
+    call in the process. Such a call is the original forward's; the backend is not blamed and serves again after."""
+    import torch.fx._symbolic_trace as fx_trace
+
+    model, spec, backend, fallback, _calls = _setup(tmp_path)
+    compiled = torch.compile(model, backend="eager")  # a real dynamo-optimized function, with torch's real check
+    served = []
+
+    def infer(*args, **kwargs):
+        served.append(1)
+        return compiled(*args, **kwargs)
+
+    backend._infer = infer
+    blamed = []
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", on_backend_error=lambda b, e: blamed.append(e))
+    x = torch.randn(3, 8)
+    saved = fx_trace._is_fx_tracing_flag
+    fx_trace._is_fx_tracing_flag = True  # what another thread's `Tracer.trace` sets while it runs
+    try:
+        torch.testing.assert_close(dispatcher(x), model(x))
+    finally:
+        fx_trace._is_fx_tracing_flag = saved
+    assert blamed == [] and len(served) == 1
+    torch.testing.assert_close(dispatcher(x), model(x))  # the flag is down: the backend answers again
+    assert blamed == [] and len(served) == 2

@@ -16,7 +16,9 @@ for every caller: if the original forward raises too, the call itself is at faul
 check in their forward) and that error propagates as without aitune, with nothing blamed on the backend;
 otherwise the handler - the caller's policy (the JIT drops that backend, the AOT wrapper warns once) - gets the
 backend and the exception, and the original's output is the call's answer. Errors of the fallback itself always
-propagate.
+propagate. One error blames nobody: dynamo refuses to run a compiled function while FX tracing is in progress
+anywhere in the process (torch keeps that flag process-wide, and the background worker traces while requests run);
+such a call is answered by the original forward and the backend keeps serving.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from aitune_core.log import get_logger
+
+#: what dynamo raises when a compiled function is called while `torch.fx` traces somewhere in the process
+NESTED_FX_TRACE_REFUSAL = "symbolically trace a dynamo-optimized function"
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
@@ -118,6 +123,8 @@ class GraphDispatcher:
         try:
             return backend.infer(*args, **kwargs)
         except Exception as exc:
+            if refused_while_another_thread_traces(exc):
+                return self._original(*args, **kwargs)  # nothing wrong with the backend: no blame, no warning
             try:
                 output = self._original(*args, **kwargs)
             except Exception as own_error:
@@ -175,3 +182,10 @@ class GraphDispatcher:
             self.name,
             details,
         )
+
+
+def refused_while_another_thread_traces(exc: BaseException) -> bool:
+    """True for dynamo's refusal to run while FX tracing is in progress (`NESTED_FX_TRACE_REFUSAL`): torch's
+    tracing flag is process-wide, so a tuning job's trace on another thread makes a compiled backend refuse
+    calls for a moment; the original forward answers them and the backend is not at fault."""
+    return isinstance(exc, RuntimeError) and NESTED_FX_TRACE_REFUSAL in str(exc)

@@ -1,0 +1,103 @@
+"""How a tuning job shares the interpreter with the threads that serve requests.
+
+A tuning job is hours of CPython bytecode squeezed into seconds (dynamo's tracing, AOT autograd, Inductor's
+lowering), and it shares one GIL with the application. Measured on an H100 (ResNet-50 served every 20 ms while
+the worker tuned it, `benchmarks/probes/background_tuning.py`): requests that take 7 ms alone took up to 2.8 s,
+and the sampled stacks put the main thread inside ordinary eager ops (a convolution, a batch norm). Two causes:
+
+- **The GIL convoy.** Every CUDA op releases the GIL while it launches; the tuning thread takes it at once, and
+  the serving thread waits a whole switch interval (5 ms by default) to get it back - per op, hundreds of ops
+  per request. During a job the switch interval is lowered to `switch_interval_s()`, so a thread that wants the
+  GIL gets it within microseconds; when the application is idle nobody asks for the GIL and nothing changes.
+  The previous interval comes back when the job ends.
+- **Full garbage collections** of a heap that the compile has doubled: 300-550 ms each, several per job, every
+  one a stop for every thread. During a job, `gc.freeze()` moves everything that existed before it out of the
+  collector's sight, so the job's collections scan only what the job allocated; the frozen objects come back
+  (`gc.unfreeze()`) when it ends. With `AITUNE_WORKER_GC=pause` automatic collection is off during the job
+  instead and one collection of the youngest generation follows it; `keep` leaves the collector alone.
+
+`AITUNE_WORKER_SWITCH_US` sets the interval in microseconds (0: leave the interpreter's own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterator
+
+_logger = logging.getLogger("aitune.jit")
+
+#: the switch interval while a job runs (seconds): a thread that asks for the GIL waits about this long
+DEFAULT_SWITCH_INTERVAL_S = 10e-6
+GC_POLICIES = ("freeze", "pause", "keep")
+
+_lock = threading.Lock()
+_active = 0  # jobs inside `courteous()` (one at a time in practice; counted to restore exactly once)
+_saved_interval: float | None = None
+
+
+def switch_interval_s() -> float | None:
+    """The interval during a job, from `AITUNE_WORKER_SWITCH_US` (None: leave the interpreter's own)."""
+    text = os.environ.get("AITUNE_WORKER_SWITCH_US")
+    if text is None:
+        return DEFAULT_SWITCH_INTERVAL_S
+    try:
+        value = float(text)
+    except ValueError:
+        _logger.warning("AITUNE_WORKER_SWITCH_US=%r is not a number; using %g us", text,
+                        1e6 * DEFAULT_SWITCH_INTERVAL_S)
+        return DEFAULT_SWITCH_INTERVAL_S
+    return value * 1e-6 if value > 0 else None
+
+
+def gc_policy() -> str:
+    """`AITUNE_WORKER_GC`: freeze (default), pause or keep (see the module docstring)."""
+    text = os.environ.get("AITUNE_WORKER_GC", "freeze").strip().lower()
+    if text not in GC_POLICIES:
+        _logger.warning("AITUNE_WORKER_GC=%r is none of %s; using freeze", text, ", ".join(GC_POLICIES))
+        return "freeze"
+    return text
+
+
+@contextlib.contextmanager
+def courteous() -> Iterator[None]:
+    """Run a tuning job with the GIL handed back quickly and full collections kept small (module docstring)."""
+    _enter_interval()
+    policy = gc_policy()
+    paused = policy == "pause" and gc.isenabled()
+    if policy == "freeze":
+        gc.freeze()
+    elif paused:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if policy == "freeze":
+            gc.unfreeze()
+        elif paused:
+            gc.enable()
+            gc.collect(0)
+        _leave_interval()
+
+
+def _enter_interval() -> None:
+    global _active, _saved_interval
+    interval = switch_interval_s()
+    with _lock:
+        _active += 1
+        if _active == 1 and interval is not None:
+            _saved_interval = sys.getswitchinterval()
+            sys.setswitchinterval(interval)
+
+
+def _leave_interval() -> None:
+    global _active, _saved_interval
+    with _lock:
+        _active -= 1
+        if _active == 0 and _saved_interval is not None:
+            sys.setswitchinterval(_saved_interval)
+            _saved_interval = None
