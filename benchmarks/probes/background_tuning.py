@@ -215,11 +215,14 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
                                 timeout=args.timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {args.timeout_s:g}s"}
-    if result.returncode != 0:
-        return {"error": result.stderr[-2000:]}
-    data = json.loads(out.read_text())
+    if not out.exists():
+        return {"error": result.stderr[-2000:] or f"exit status {result.returncode}"}
+    data = json.loads(out.read_text())  # written before exit: a crash at exit is reported, not hidden
     data["wall_s"] = time.perf_counter() - began
     data["stderr_lines"] = len(result.stderr.splitlines())
+    data["exit_status"] = result.returncode
+    if result.returncode != 0:
+        data["stderr_tail"] = result.stderr[-1000:]
     data["checks"] = torch.load(check)
     return data
 
@@ -252,7 +255,7 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
         "after_p50_ms": 1e3 * statistics.median(after[1:]) if len(after) > 1 else None,
         "after_max_ms": 1e3 * max(after[1:]) if len(after) > 1 else None,
     }
-    for key in ("stalls", "long_collections", "stderr_lines"):
+    for key in ("stalls", "long_collections", "stderr_lines", "exit_status", "stderr_tail"):
         if key in data:
             summary[key] = data[key]
     if eager is not None and "checks" in eager:
@@ -294,7 +297,7 @@ def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, flo
 
     table = Table(title=f"{name}: latency while tuning runs (ms), time-to-tuned (s)")
     for column in ("contender", "tuned at s", "first call s", "during p50", "during p99", "during max",
-                   "after p50", "root", "max |diff|"):
+                   "after p50", "root", "max |diff|", "exit"):
         table.add_column(column, justify="left" if column in ("contender", "root") else "right")
     for contender in CONTENDERS:
         row = rows[contender]
@@ -304,7 +307,8 @@ def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, flo
         table.add_row(contender, _fmt(row["time_to_tuned_s"]), _fmt(row["first_call_s"]),
                       _fmt(row["during_p50_ms"]), _fmt(row["during_p99_ms"]), _fmt(row["during_max_ms"]),
                       _fmt(row["after_p50_ms"], 3), str(row["root_state"] or ""),
-                      _fmt(row.get("max_abs_diff_vs_eager"), 6) if "max_abs_diff_vs_eager" in row else "-")
+                      _fmt(row.get("max_abs_diff_vs_eager"), 6) if "max_abs_diff_vs_eager" in row else "-",
+                      str(row.get("exit_status", "")))
     console = Console()
     console.print(table)
     console.print({k: round(v, 3) if isinstance(v, float) else v for k, v in ratio.items()})

@@ -15,7 +15,10 @@ node, never half of it.
   GIL back quickly and keeps garbage collections small (`worker_courtesy.courteous`).
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
   short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
-  interpreter exit the worker waits at most `EXIT_WAIT_S` for it; the exit summary lists what was still tuning.
+  interpreter exit the running job is cancelled (`TuningCancelled`, raised in its thread) and the worker waits at
+  most `EXIT_WAIT_S` for its thread to end - a daemon thread still inside torch's C++ code when the interpreter
+  finalizes aborts the process ("terminate called without an active exception", seen on an H100); the exit
+  summary lists what was still tuning.
 - A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
   that were queued in the parent stay eager.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
@@ -48,13 +51,20 @@ EXIT_WAIT_S = 5.0
 
 
 class _Job:
-    __slots__ = ("abandoned", "node_ref", "path", "started")
+    __slots__ = ("abandoned", "node_ref", "path", "started", "thread")
 
     def __init__(self, node: Any) -> None:
         self.node_ref = weakref.ref(node)
         self.path = node.path
         self.abandoned = False
         self.started: float | None = None
+        self.thread: threading.Thread | None = None
+
+
+class TuningCancelled(BaseException):
+    """Raised inside a job thread at interpreter exit (`cancel_running`): a BaseException, so the compiler's
+    `except Exception` handlers let it through and the thread leaves torch's code before the interpreter
+    finalizes (a daemon thread still inside torch's C++ then aborts the process)."""
 
 
 _local = threading.local()
@@ -106,7 +116,8 @@ class TuningWorker:
         return True
 
     def stop(self, wait_s: float) -> list[str]:
-        """Start no new job, wait up to `wait_s` for the running one; returns what is left unfinished."""
+        """Start no new job, cancel the running one and wait up to `wait_s` for its thread to end; returns what
+        is left unfinished."""
         with self._cond:
             self._stopping = True
             for job in self._queue:
@@ -116,8 +127,13 @@ class TuningWorker:
             left = [job.path for job in self._queue]
             self._queue.clear()
             self._cond.notify_all()
+            current = self._current
+        deadline = time.monotonic() + wait_s
+        if current is not None:
+            _cancel(current)
         self.wait(wait_s)
-        current = self._current
+        if current is not None and current.thread is not None:
+            current.thread.join(max(0.0, deadline - time.monotonic()))
         return ([current.path] if current is not None else []) + left
 
     # ---------------------------------------------------------------------------------------- loop
@@ -145,6 +161,7 @@ class TuningWorker:
             return
         del node  # the job thread holds the node only while it runs
         thread = threading.Thread(target=self._job_body, args=(job,), name="aitune-tuning-job", daemon=True)
+        job.thread = thread
         job.started = time.monotonic()
         thread.start()
         thread.join(jit_config.tuning_timeout_s)
@@ -160,15 +177,17 @@ class TuningWorker:
 
     def _job_body(self, job: _Job) -> None:
         _local.job = job
-        node = job.node_ref()
-        if node is None:
-            return
-        prime_inductor_without_fx_patching()
         try:
+            node = job.node_ref()
+            if node is None:
+                return
+            prime_inductor_without_fx_patching()
             with _own_stream(node), courteous():
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)
+        except TuningCancelled:
+            _logger.debug("tuning job of %s cancelled at exit", job.path)
         finally:
             _local.job = None
 
@@ -224,6 +243,20 @@ def prime_inductor_without_fx_patching() -> None:
             torch.fx.symbolic_trace = saved
     except Exception:  # another torch: nothing to prime
         _logger.debug("could not prime Inductor's identity graph module", exc_info=True)
+
+
+def _cancel(job: _Job) -> None:
+    """Abandon `job` and raise `TuningCancelled` in its thread at its next Python instruction."""
+    job.abandoned = True
+    thread = job.thread
+    if thread is None or thread.ident is None or not thread.is_alive():
+        return
+    try:
+        import ctypes
+
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TuningCancelled))
+    except Exception:  # no ctypes: the bounded wait is all there is
+        _logger.debug("could not cancel the tuning job of %s", job.path, exc_info=True)
 
 
 def sync_stream() -> None:

@@ -95,6 +95,34 @@ def test_stop_at_exit_reports_unfinished_jobs(background):
         worker._unfinished.clear()
 
 
+def test_at_exit_a_running_job_is_cancelled_and_its_thread_ends_before_the_interpreter_finalizes(background):
+    """A daemon thread still inside torch's C++ code when the interpreter finalizes aborts the process; `stop`
+    raises `TuningCancelled` in the job thread, which leaves its Python loop at once."""
+    seen = []
+
+    def compile_forever(node):
+        try:
+            while True:  # stands for dynamo/Inductor's Python
+                sum(range(100))
+        except worker.TuningCancelled:
+            seen.append("cancelled")
+            raise
+
+    tuning = worker.TuningWorker(compile_forever)
+    model = make_mlp()
+    enable()
+    run(model, [2])
+    tuning.submit(PatchedModule.of(model))
+    deadline = time.monotonic() + 5
+    while (tuning._current is None or tuning._current.thread is None) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    job = tuning._current
+    started = time.monotonic()
+    assert tuning.stop(wait_s=5.0) == ["MLP"]
+    assert time.monotonic() - started < 2.0 and not job.thread.is_alive()
+    assert seen == ["cancelled"] and job.abandoned
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_without_the_parents_worker(background):
     model = make_mlp()
