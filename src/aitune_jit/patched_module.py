@@ -32,12 +32,15 @@ import torch
 
 from aitune_core.forward_slot import ForwardSlot, SlotForward
 from aitune_core.module_info import count_parameters
+from aitune_jit import summary
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import NodeRecording
+from aitune_jit.node_registry import registry, subtree
 from aitune_jit.node_views import NodeViews, format_count
 from aitune_jit.range_growth import RangeGrowth
-from aitune_jit.runtime import CANDIDATE, in_dynamo_region, is_compiling, tls
+from aitune_jit.runtime import CANDIDATE, NODE_ATTR, in_dynamo_region, is_compiling, skip_as_top_frame, tls
 from aitune_jit.state import NodeState
+from aitune_jit.tuner import request_tuning
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
@@ -48,7 +51,6 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("aitune.jit")
 
-HISTORY_LIMIT = 10_000
 #: calls of an EAGER / SKIPPED node with its whole subtree settled before it moves to the fast path
 SETTLE_CALLS = 3
 
@@ -57,11 +59,9 @@ class PatchedModule(NodeRecording, NodeViews):
     """A module seen by the JIT hook; see the module docstring. Class-level views: `print_hierarchy`,
     `history` / `print_history`, `roots()`, `of(module)`."""
 
-    #: every step JIT tuning took, in order (bounded to the last `HISTORY_LIMIT` entries)
-    history: ClassVar[list[str]] = []
-    _roots: ClassVar[list[weakref.ref[PatchedModule]]] = []
-    _registry_lock: ClassVar[threading.RLock] = threading.RLock()
-    nodes_seen: ClassVar[int] = 0
+    #: every step JIT tuning took, in order (bounded; the registry's list, see `node_registry.py`)
+    history: ClassVar[list[str]] = registry.history
+    _registry_lock: ClassVar[threading.RLock] = registry.lock
 
     __slots__ = (
         "__weakref__",
@@ -128,14 +128,9 @@ class PatchedModule(NodeRecording, NodeViews):
         self._proxy: torch.nn.Module | None = None
         self._child_names: dict[int, str] | None = None
         self._notes: set[str] = set()
-        with PatchedModule._registry_lock:
-            PatchedModule.nodes_seen += 1
-            if parent is None:
-                # dead roots go now (a module built per call at top level makes a root per call)
-                roots = [ref for ref in PatchedModule._roots if ref() is not None]
-                roots.append(weakref.ref(self))
-                PatchedModule._roots = roots
-            else:
+        with registry.lock:
+            registry.add(self, parent)
+            if parent is not None:
                 # drop the nodes of children whose module died (e.g. `nn.Softmax()(x)` built inside forward):
                 # otherwise an untuned parent would keep one node per call forever
                 parent.children = [child for child in parent.children if child._module_ref() is not None]
@@ -165,38 +160,24 @@ class PatchedModule(NodeRecording, NodeViews):
     @classmethod
     def of(cls, module: torch.nn.Module) -> PatchedModule | None:
         """The node of `module`, or None when the hook has not made it one."""
-        from aitune_jit.hook import NODE_ATTR
-
         slot = module.__dict__.get(NODE_ATTR)
         return slot if isinstance(slot, PatchedModule) else None
 
     @classmethod
     def roots(cls) -> list[PatchedModule]:
-        with cls._registry_lock:
-            alive = [node for node in (ref() for ref in cls._roots) if node is not None]
-            cls._roots = [weakref.ref(node) for node in alive]
-        return alive
+        return registry.roots()  # type: ignore[return-value]
 
     @classmethod
     def walk(cls) -> Iterator[PatchedModule]:
         """Every live node, depth first, parents before children."""
-        for root in cls.roots():
-            yield from root.subtree()
+        return registry.walk()  # type: ignore[return-value]
 
     def subtree(self) -> Iterator[PatchedModule]:
-        stack = [self]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(reversed(node.children))
+        return subtree(self)  # type: ignore[return-value]
 
-    @classmethod
-    def _log(cls, message: str, level: int = logging.INFO) -> None:
-        with cls._registry_lock:
-            cls.history.append(message)
-            if len(cls.history) > HISTORY_LIMIT:
-                del cls.history[: len(cls.history) - HISTORY_LIMIT]
-        _logger.log(level, message)
+    @staticmethod
+    def _log(message: str, level: int = logging.INFO) -> None:
+        registry.log(message, level)
 
     def _note_once(self, key: str, message: str, level: int = logging.INFO) -> None:
         if key not in self._notes:
@@ -314,8 +295,6 @@ class PatchedModule(NodeRecording, NodeViews):
         self.state = NodeState.RECORDING
 
     def _try_tune(self) -> None:
-        from aitune_jit.tuner import request_tuning
-
         request_tuning(self)
 
     # ------------------------------------------------------------------------------------------ tuned dispatch
@@ -349,10 +328,8 @@ class PatchedModule(NodeRecording, NodeViews):
         )
         _logger.debug("Backend failure in %s", self.path, exc_info=True)
         if self._entries:
-            from aitune_jit import summary
-
             self._dispatcher = self._new_dispatcher()
-            summary.record_tuned(self)  # the backends that are left
+            self._record_tuned()  # the backends that are left
         else:
             self.go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
 
@@ -370,8 +347,6 @@ class PatchedModule(NodeRecording, NodeViews):
     # ------------------------------------------------------------------------------------------ transitions
     def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
         """Route calls of these graphs through their backends; detach the subtree on the first success."""
-        from aitune_jit import summary
-
         names = {spec.name for spec, _backend in entries}
         replaced = [backend for spec, backend in self._entries if spec.name in names]  # re-tuned graphs
         self._entries = [entry for entry in self._entries if entry[0].name not in names] + list(entries)
@@ -384,7 +359,10 @@ class PatchedModule(NodeRecording, NodeViews):
             self.reason = None
             self.fast = True
             self._detach_subtree()
-        summary.record_tuned(self)
+        self._record_tuned()
+
+    def _record_tuned(self) -> None:
+        summary.record_tuned(self, [backend.describe() for backend in self.backends], self.speedup)
 
     def go_eager(self, reason: str, *, reopen: bool = True, level: int = logging.INFO) -> None:
         """Run the original forward from now on; the children become candidates (when `reopen`)."""
@@ -397,8 +375,6 @@ class PatchedModule(NodeRecording, NodeViews):
         self.descend = reopen
         self.state = NodeState.EAGER
         self._log(f"{self.short} stays eager: {reason}", level)
-        from aitune_jit import summary
-
         summary.forget(self)
         if reopen and self.is_open:
             self._open_children()
@@ -450,15 +426,14 @@ class PatchedModule(NodeRecording, NodeViews):
     @classmethod
     def release_all(cls) -> None:
         """Release every node and forget the hierarchy (the history stays)."""
-        with cls._registry_lock:
+        with registry.lock:
             for node in list(cls.walk()):
                 node._release()
-            cls._roots = []
+            registry.forget_roots()
 
     @classmethod
     def clear_history(cls) -> None:
-        with cls._registry_lock:
-            cls.history.clear()
+        registry.clear_history()
 
 
 def _release_backend(backend: Backend) -> None:
@@ -470,17 +445,11 @@ def _release_backend(backend: Backend) -> None:
         _logger.debug("could not deactivate %s", backend.describe(), exc_info=True)
 
 
-def _skip_hook_frames() -> None:
-    from aitune_jit.hook import skip_as_top_frame
-
-    skip_as_top_frame(
-        SlotForward.__call__,
-        PatchedModule.observed_call,
-        PatchedModule._forward,
-        PatchedModule._dispatch,
-        PatchedModule._fallback,
-        PatchedModule._recorded_call,
-    )
-
-
-_skip_hook_frames()
+skip_as_top_frame(
+    SlotForward.__call__,
+    PatchedModule.observed_call,
+    PatchedModule._forward,
+    PatchedModule._dispatch,
+    PatchedModule._fallback,
+    PatchedModule._recorded_call,
+)

@@ -27,7 +27,7 @@ from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit import decisions
 from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
-from aitune_jit.runtime import bypassed
+from aitune_jit.runtime import bypassed, is_installed
 from aitune_jit.state import NodeState
 from aitune_jit.tuning_budget import budget
 from aitune_jit.worker import abandoned, sync_stream
@@ -39,7 +39,9 @@ if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
     from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.strategies.strategy import TuneReport
-    from aitune_jit.patched_module import PatchedModule
+
+#: a `PatchedModule` (not imported: the node imports the tuner)
+PatchedModule = Any
 
 _logger = logging.getLogger("aitune.jit")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -304,8 +306,6 @@ def _apply(node: PatchedModule, entries: list[tuple[GraphSpec, Backend]], report
     """Switch the node to its new backends, unless its background job was abandoned meanwhile or the hook is off."""
     if not entries:
         return
-    from aitune_jit.hook import is_installed
-
     if abandoned() or not is_installed():  # timed out, or JIT tuning was switched off while the job ran
         for _spec, backend in entries:
             _discard(backend)
