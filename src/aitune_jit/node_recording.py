@@ -62,7 +62,7 @@ class NodeRecording:
             if tuned:
                 self._entries = []
                 self._dispatcher = None
-            self.go_eager(reason, reopen=not tuned, level=logging.WARNING)
+            self._go_eager(reason, reopen=not tuned, level=logging.WARNING)
         except Exception:  # pragma: no cover - the last line of defence must not raise either
             _logger.debug("could not send %s to eager", self.path, exc_info=True)
 
@@ -106,7 +106,7 @@ class NodeRecording:
             reason = f"its calls cannot be recorded ({type(exc).__name__}: {exc})"
             _logger.debug("Recording %s failed", self.path, exc_info=True)
             if self.state is NodeState.RECORDING:
-                self.go_eager(reason)
+                self._go_eager(reason)
             else:
                 self._recorder = None
                 self._note_once("record", f"{self.short}: new graphs are not tuned: {reason}", logging.WARNING)
@@ -138,7 +138,7 @@ class NodeRecording:
         """Recorded calls cannot be replayed: a RECORDING node stays eager (its children become candidates); a TUNED
         node keeps its tuned graphs but records no new ones."""
         if self.state is NodeState.RECORDING:
-            self.go_eager(reason)
+            self._go_eager(reason)
         else:
             self._recorder = None
             self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")

@@ -7,8 +7,9 @@ thread's call stack at that moment is its parent. What a node does per state:
 - RECORDING: additionally owns a forward wrapper (an instance attribute `forward`, accelerate-hooks style)
   that records (inputs, output) of `forward` - after the user's pre-hooks, before the forward hooks - into a
   `GraphRecorder`; when a graph has `min_samples` recordings it is queued for the background worker
-  (`worker.py` runs `tuner.tune_node` under the root's lock; calls run eagerly meanwhile, nobody waits);
-  with `jit_config.blocking` the call that made it ready tunes it.
+  (`worker.py` runs the node's `_tune_queued` under the root's lock; calls run eagerly meanwhile, nobody
+  waits); with `jit_config.blocking` the call that made it ready tunes it. Tuning returns a `TuningOutcome`
+  that the node applies (`node_transitions.py`).
 - TUNED: the forward wrapper routes calls through a `GraphDispatcher` (backend per graph, eager fallback
   with one warning, new graphs recorded and tuned when they have enough samples). The user's forward
   pre/post hooks still run around it, because `Module.__call__` is untouched and only `forward` changed.
@@ -32,15 +33,14 @@ import torch
 
 from aitune_core.forward_slot import ForwardSlot, SlotForward
 from aitune_core.module_info import count_parameters
-from aitune_jit import summary
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import NodeRecording
 from aitune_jit.node_registry import registry, subtree
+from aitune_jit.node_transitions import NodeTransitions
 from aitune_jit.node_views import NodeViews, format_count
 from aitune_jit.range_growth import RangeGrowth
 from aitune_jit.runtime import CANDIDATE, NODE_ATTR, in_dynamo_region, is_compiling, skip_as_top_frame, tls
 from aitune_jit.state import NodeState
-from aitune_jit.tuner import request_tuning
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
@@ -55,7 +55,7 @@ _logger = logging.getLogger("aitune.jit")
 SETTLE_CALLS = 3
 
 
-class PatchedModule(NodeRecording, NodeViews):
+class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
     """A module seen by the JIT hook; see the module docstring. Class-level views: `print_hierarchy`,
     `history` / `print_history`, `roots()`, `of(module)`."""
 
@@ -294,9 +294,6 @@ class PatchedModule(NodeRecording, NodeViews):
         self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
         self.state = NodeState.RECORDING
 
-    def _try_tune(self) -> None:
-        request_tuning(self)
-
     # ------------------------------------------------------------------------------------------ tuned dispatch
     def _dispatch(self, args: tuple, kwargs: dict) -> Any:
         dispatcher = self._dispatcher
@@ -331,7 +328,7 @@ class PatchedModule(NodeRecording, NodeViews):
             self._dispatcher = self._new_dispatcher()
             self._record_tuned()  # the backends that are left
         else:
-            self.go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
+            self._go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
 
     def _new_dispatcher(self) -> GraphDispatcher:
         from aitune_core.backends.dispatcher import GraphDispatcher
@@ -344,85 +341,6 @@ class PatchedModule(NodeRecording, NodeViews):
         return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
                                watch=watch, original=self._forward_fn, warned=old.warned if old else None)
 
-    # ------------------------------------------------------------------------------------------ transitions
-    def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
-        """Route calls of these graphs through their backends; detach the subtree on the first success."""
-        names = {spec.name for spec, _backend in entries}
-        replaced = [backend for spec, backend in self._entries if spec.name in names]  # re-tuned graphs
-        self._entries = [entry for entry in self._entries if entry[0].name not in names] + list(entries)
-        for backend in replaced:
-            _release_backend(backend)
-        self.reports.extend(reports)
-        self._dispatcher = self._new_dispatcher()
-        if self.state is not NodeState.TUNED:
-            self.state = NodeState.TUNED
-            self.reason = None
-            self.fast = True
-            self._detach_subtree()
-        self._record_tuned()
-
-    def _record_tuned(self) -> None:
-        summary.record_tuned(self, [backend.describe() for backend in self.backends], self.speedup)
-
-    def go_eager(self, reason: str, *, reopen: bool = True, level: int = logging.INFO) -> None:
-        """Run the original forward from now on; the children become candidates (when `reopen`)."""
-        self._uninstall_forward()
-        self._recorder = None
-        self._proxy = None
-        self._dispatcher = None
-        self._pending = False
-        self.reason = reason
-        self.descend = reopen
-        self.state = NodeState.EAGER
-        self._log(f"{self.short} stays eager: {reason}", level)
-        summary.forget(self)
-        if reopen and self.is_open:
-            self._open_children()
-
-    def go_dry_run(self, message: str) -> None:
-        """Dry run: log what tuning would do, keep the module as it is, and treat the subtree as covered."""
-        self._uninstall_forward()
-        self._recorder = None
-        self._proxy = None
-        self._pending = False
-        self.reason = f"dry run: {message}"
-        self.descend = False
-        self.state = NodeState.SKIPPED
-        self.fast = True
-        self._log(f"Dry run: {message}")
-        self._detach_subtree()
-
-    def _open_children(self) -> None:
-        for child in list(self.children):
-            if child.state is NodeState.INIT and child._started:
-                child._become_candidate()
-                self._log(f"Recording child module: {child}")
-            elif child.state is NodeState.SKIPPED and child.descend:
-                child._open_children()
-
-    def _detach(self) -> None:
-        self._uninstall_forward()
-        self._recorder = None
-        self._proxy = None
-        self._pending = False
-        self.state = NodeState.DETACHED
-        self.fast = True
-
-    def _detach_subtree(self) -> None:
-        for node in list(self.subtree())[1:]:
-            if node.state is not NodeState.DETACHED:
-                node._detach()
-                self._log(f"Unpatching child module: {node}")
-
-    def _release(self) -> None:
-        """Give the module back untouched (hook switched off)."""
-        self._uninstall_forward()
-        self._recorder = None
-        self._proxy = None
-        self._dispatcher = None
-        self._entries = []
-        self.fast = True
-
     @classmethod
     def release_all(cls) -> None:
         """Release every node and forget the hierarchy (the history stays)."""
@@ -434,15 +352,6 @@ class PatchedModule(NodeRecording, NodeViews):
     @classmethod
     def clear_history(cls) -> None:
         registry.clear_history()
-
-
-def _release_backend(backend: Backend) -> None:
-    """A backend replaced by a re-tuned one: deactivate it (failures only logged)."""
-    try:
-        if backend.is_active:
-            backend.deactivate()
-    except Exception:
-        _logger.debug("could not deactivate %s", backend.describe(), exc_info=True)
 
 
 skip_as_top_frame(
