@@ -26,6 +26,7 @@ import torch
 from aitune_core.backends.module_watch import submodule_hooks
 from aitune_core.errors import NotFasterThanEagerError
 from aitune_core.module_info import module_device
+from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit import decisions
 from aitune_jit.config import jit_config
@@ -39,10 +40,8 @@ from aitune_jit.worker import abandoned, sync_stream
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
     from aitune_core.recording.sample import Sample
-    from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.strategies.strategy import TuneReport
     from aitune_jit.outcome import TuningNode
 
@@ -114,12 +113,11 @@ def _uncomparable_output(samples: dict[str, list[Sample]]) -> str | None:
     return None
 
 
-def _worthless(strategy: Any, proxy: torch.nn.Module, path: str, spec: GraphSpec, samples: list[Sample],
-               device: Any) -> str | None:
+def _worthless(strategy: Any, job: TuneJob) -> str | None:
     """The strategy's cheap verdict (one torch.nn layer, an eager call too short to win back a dispatch) before
     any dynamo trace: such a node stays eager, and so do its children (they are cheaper still)."""
     check = getattr(strategy, "skip_reason", None)
-    return check(proxy, path, spec, samples, device) if check is not None else None
+    return check(job) if check is not None else None
 
 
 def _hooked(module: torch.nn.Module) -> str | None:
@@ -164,8 +162,9 @@ def _tune_node(node: TuningNode) -> TuningOutcome:
         first = first and not draft.entries  # a node with a reused backend is tuned: its other graphs may only fail
         if not graphs:
             return draft.finish()
+        jobs = {spec.name: TuneJob.of(proxy, node.path, spec, samples[spec.name], device, cache_dir) for spec in graphs}
         if first:
-            worthless = _worthless(strategy, proxy, node.path, graphs[0], samples[graphs[0].name], device)
+            worthless = _worthless(strategy, jobs[graphs[0].name])
             if worthless is not None:
                 decisions.remember_eager(keys.get(graphs[0].name), node, graphs[0], worthless, reopen=False,
                                          persist=False)  # cheap to find again, and partly a timing
@@ -196,12 +195,12 @@ def _tune_node(node: TuningNode) -> TuningOutcome:
 
         if cfg.dry_run:
             for spec in graphs:
-                strategy.tune_dry_run(proxy, node.path, spec, samples[spec.name], device, cache_dir)
+                strategy.dry_run(jobs[spec.name])
             names = ", ".join(spec.name for spec in graphs)
             return TuningOutcome.dry_run(f"would tune {node.short} (graphs {names}) on {device} with {strategy!r}")
 
-        failures = [_tune_graph(node, strategy, proxy, spec, samples[spec.name], device, cache_dir,
-                                keys.get(spec.name), draft, several=len(graphs) > 1) for spec in graphs]
+        failures = [_tune_graph(node, strategy, jobs[spec.name], keys.get(spec.name), draft, several=len(graphs) > 1)
+                    for spec in graphs]
 
     if draft.entries or not first:
         return draft.finish()
@@ -209,16 +208,16 @@ def _tune_node(node: TuningNode) -> TuningOutcome:
 
 
 def _tune_graph(
-    node: TuningNode, strategy: Any, proxy: torch.nn.Module, spec: GraphSpec, samples: list[Sample], device: Any,
-    cache_dir: Path, key: str | None, draft: OutcomeDraft, *, several: bool,
+    node: TuningNode, strategy: Any, job: TuneJob, key: str | None, draft: OutcomeDraft, *, several: bool
 ) -> str | None:
     """Run the strategy on one graph: its backend joins the draft, or its failure is noted (and returned, for the
     node's reason when nothing could be tuned)."""
+    spec = job.graph_spec
     start = time.perf_counter()
     if spec.name in node.retune_due:
         draft.retuned.add(spec.name)
     try:
-        report = strategy.tune_with_report(proxy, node.path, spec, samples, device, cache_dir)
+        report = strategy.run(job)
     except Exception as exc:
         cause = f"{type(exc).__name__}: {exc}"
         draft.failed[spec.name] = cause
