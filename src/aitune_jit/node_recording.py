@@ -20,6 +20,7 @@ from aitune_jit.config import jit_config
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
+    from aitune_core.recording.graph_recorder import GraphRecorder
     from aitune_core.specs.graph_spec import GraphSpec
 
 _logger = logging.getLogger("aitune.jit")
@@ -122,10 +123,10 @@ class NodeRecording:
                           f"tuned ranges; tuning it again over {_ranges(spec)}")
                 self._pending = True
             return
-        cfg = jit_config
-        if recorder.num_samples(name) < cfg.min_samples:
+        missing = missing_for_tuning(recorder, spec)
+        if missing == "samples":
             return
-        if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
+        if missing == "batch axis":
             self._note_once(
                 f"batch-axis-{name}",
                 f"{self.short}: graph {name} has {recorder.num_samples(name)} recordings but no batch axis yet "
@@ -142,6 +143,17 @@ class NodeRecording:
         else:
             self._recorder = None
             self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
+
+
+def missing_for_tuning(recorder: GraphRecorder, spec: GraphSpec) -> str | None:
+    """What graph `spec` still lacks before it may be tuned: "samples" (fewer than `min_samples`), "batch axis"
+    (`batch_axis_required` and none found yet), or None when it is ready (the one readiness rule of a graph)."""
+    cfg = jit_config
+    if recorder.num_samples(spec) < cfg.min_samples:
+        return "samples"
+    if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
+        return "batch axis"
+    return None
 
 
 def _ranges(spec: GraphSpec) -> str:

@@ -22,6 +22,7 @@ import torch
 
 from aitune_jit import summary, tuner, worker
 from aitune_jit.config import jit_config
+from aitune_jit.node_recording import missing_for_tuning
 from aitune_jit.outcome import TuningOutcome, Verdict, release_backend
 from aitune_jit.runtime import bypassed
 from aitune_jit.state import NodeState
@@ -96,16 +97,9 @@ class NodeTransitions:
         recorder = self._recorder
         if recorder is None:
             return []
-        cfg = jit_config
         done = ({spec.name for spec, _backend in self._entries} - self._growth.due) | set(self._failed)
-        ready = []
-        for spec in recorder.graph_specs:
-            if spec.name in done or recorder.num_samples(spec) < cfg.min_samples:
-                continue
-            if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
-                continue
-            ready.append(spec)
-        return ready
+        return [spec for spec in recorder.graph_specs
+                if spec.name not in done and missing_for_tuning(recorder, spec) is None]
 
     def tuning_view(self) -> torch.nn.Module:
         """The `ForwardOnly` view of the module that strategies and backends get (made once per node)."""
