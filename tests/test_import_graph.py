@@ -16,20 +16,6 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-#: The one circle left: the JIT node, its hook and the tuner call each other (`hook` -> `patched_module` ->
-#: `runtime` / `summary` / `tuner` -> back). The JIT redesign (a caller-neutral forward slot in aitune_core and a
-#: tuning outcome that the node applies) is removing it; delete this allowance with it. A circle is allowed only
-#: when all its modules are in this set, so the circle may shrink but no other module may join it.
-ALLOWED_CIRCLE = frozenset(
-    {
-        "aitune_jit.hook",
-        "aitune_jit.patched_module",
-        "aitune_jit.runtime",
-        "aitune_jit.summary",
-        "aitune_jit.tuner",
-    }
-)
-
 #: Layers, top to bottom: a package may import only packages below it (and itself).
 LAYERS = {"aitune": 2, "aitune_jit": 1, "aitune_aot": 1, "aitune_core": 0}
 
@@ -138,7 +124,7 @@ def test_type_checking_and_lazy_imports_are_edges(tmp_path):
 
 
 def test_no_import_circles_in_src():
-    found = [sorted(c) for c in circles(import_graph()) if not c <= ALLOWED_CIRCLE]
+    found = [sorted(c) for c in circles(import_graph())]
     assert not found, f"import circles: {found}"
 
 

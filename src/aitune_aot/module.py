@@ -53,6 +53,7 @@ from aitune_core.forward_slot import ForwardSlot
 from aitune_core.log import SEPARATOR, THIN_SEPARATOR, timed
 from aitune_core.module_info import module_device
 from aitune_core.recording.argument_watch import ArgumentWatch
+from aitune_core.strategies.tune_job import TuneJob
 
 if TYPE_CHECKING:
     from aitune_core.backends.dispatcher import GraphDispatcher
@@ -387,11 +388,11 @@ class Module(wrapt.CallableObjectProxy):
                     _logger.info(THIN_SEPARATOR)
                     data = recorder.samples(graph_spec)
                     cache_dir = self._cache_dir(graph_spec)
-                    args = (module, self._self_name, graph_spec, data, device, cache_dir)
+                    job = TuneJob.of(module, self._self_name, graph_spec, data, device, cache_dir)
                     if dry_run:
-                        graph_strategy.tune_dry_run(*args)
+                        graph_strategy.dry_run(job)
                     else:
-                        tuned.append((graph_spec, graph_strategy.tune(*args)))
+                        tuned.append((graph_spec, graph_strategy.run(job).backend))
         except BaseException:
             for _spec, backend in tuned:
                 if backend.state is BackendState.ACTIVE:

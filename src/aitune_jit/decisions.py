@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any
 from aitune_core.decision_key import decision_key
 from aitune_core.decision_store import INDUCTOR, Decision, DecisionStore
 from aitune_jit.config import jit_config
+from aitune_jit.node_registry import registry
+from aitune_jit.outcome import TuningOutcome
+from aitune_jit.worker import abandoned
 
 if TYPE_CHECKING:
     import torch
@@ -33,9 +36,7 @@ if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
     from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.strategies.strategy import TuneReport
-
-#: a `PatchedModule` (not imported: this file stays outside the node/hook/tuner import circle)
-PatchedModule = Any
+    from aitune_jit.outcome import OutcomeDraft, TuningNode
 
 _logger = logging.getLogger("aitune.jit")
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -75,7 +76,7 @@ def point_inductor_cache() -> None:
     os.environ[INDUCTOR_CACHE_ENV] = str(Path(jit_config.cache_dir).absolute() / INDUCTOR)
 
 
-def keys_for(node: PatchedModule, graphs: list[GraphSpec], strategy: Any, device: torch.device) -> dict[str, str]:
+def keys_for(node: TuningNode, graphs: list[GraphSpec], strategy: Any, device: torch.device) -> dict[str, str]:
     """Decision key per graph name (empty when reuse is off or a key cannot be computed)."""
     module = node.module
     if not jit_config.reuse_decisions or module is None:
@@ -111,8 +112,6 @@ def lookup(key: str) -> tuple[Decision, str] | None:
 
 def remember(key: str | None, decision: Decision, *, persist: bool = True) -> None:
     """Keep a decision for identical modules and, with `persist`, publish it to the store (never raises)."""
-    from aitune_jit.worker import abandoned
-
     if key is None or not jit_config.reuse_decisions or abandoned():  # a cut-short job decides nothing
         return
     decision.environment = decision.environment or _environments.get(key, {})
@@ -126,7 +125,7 @@ def remember(key: str | None, decision: Decision, *, persist: bool = True) -> No
         _logger.debug("cannot write decision %s (%r)", key, exc)
 
 
-def remember_backend(key: str | None, node: PatchedModule, spec: GraphSpec, report: TuneReport) -> None:
+def remember_backend(key: str | None, node: TuningNode, spec: GraphSpec, report: TuneReport) -> None:
     backend = report.backend
     if key is None:
         return
@@ -145,7 +144,7 @@ def remember_backend(key: str | None, node: PatchedModule, spec: GraphSpec, repo
 
 
 def remember_eager(
-    key: str | None, node: PatchedModule, spec: GraphSpec, reason: str, *, reopen: bool, persist: bool = True
+    key: str | None, node: TuningNode, spec: GraphSpec, reason: str, *, reopen: bool, persist: bool = True
 ) -> None:
     """An eager decision. A verdict of speed ("no backend is faster than eager") is `persist=False`: identical
     siblings share it, but a later process measures again (one busy moment must not keep a module eager for good);
@@ -171,7 +170,7 @@ def graph_label(spec: GraphSpec) -> str:
     return f"{spec.name}: {', '.join(tensors)}{more}"
 
 
-def _validated_count(node: PatchedModule, spec: GraphSpec) -> int:
+def _validated_count(node: TuningNode, spec: GraphSpec) -> int:
     recorder = node.recorder
     try:
         return len(recorder.samples(spec)) if recorder is not None else 0
@@ -214,44 +213,41 @@ def rebuild(
 
 
 def reuse(
-    node: PatchedModule, proxy: torch.nn.Module, graphs: list[GraphSpec], samples: dict[str, list[Sample]],
-    keys: dict[str, str], device: torch.device, cache_dir: Path, first: bool,
-) -> tuple[list[tuple[GraphSpec, Backend]], list[TuneReport], bool]:
-    """Apply the known decisions of `graphs`: `(entries, reports, finished)`. Graphs decided here are removed
-    from `graphs`; `finished` means the node went eager (nothing more to tune)."""
+    node: TuningNode, proxy: torch.nn.Module, graphs: list[GraphSpec], samples: dict[str, list[Sample]],
+    keys: dict[str, str], device: torch.device, cache_dir: Path, first: bool, draft: OutcomeDraft,
+) -> TuningOutcome | None:
+    """Apply the known decisions of `graphs` to the draft: graphs decided here are removed from `graphs`, their
+    backends (or failures) join the draft. Returns the outcome when a decision ends the tuning (the node goes
+    eager), else None."""
     from aitune_core.strategies.strategy import TuneReport
 
-    entries: list[tuple[GraphSpec, Backend]] = []
-    reports: list[TuneReport] = []
     for spec in list(graphs):
         key = keys.get(spec.name)
         found = lookup(key) if key is not None else None
         if found is None:
             continue
-        growth = getattr(node, "_growth", None)
-        if growth is not None and spec.name in growth.due:  # a re-tune over wider ranges, decided here
-            growth.retuned(spec.name)
+        if spec.name in node.retune_due:  # a re-tune over wider ranges, decided here
+            draft.retuned.add(spec.name)
         decision, origin = found
         where = f"{decision.source} from {origin}" if origin != "this process" else decision.source
         if decision.kind == "eager":
             reason = f"{decision.reason} (reused the decision of {where})"
-            if first and not entries:  # (a node with a reused backend is tuned: its other graphs only fail)
-                node.go_eager(reason, reopen=decision.reopen)
-                return entries, reports, True
-            node._failed[spec.name] = reason
+            if first and not draft.entries:  # (a node with a reused backend is tuned: its other graphs only fail)
+                return draft.eager(reason, reopen=bool(decision.reopen))
+            draft.failed[spec.name] = reason
             graphs.remove(spec)
             continue
         start = time.perf_counter()
         try:
             backend = rebuild(decision, proxy, spec, samples[spec.name], device, cache_dir)
         except Exception as exc:
-            node._log(f"{node.short} graph {spec.name}: the decision of {where} ({decision.describe()}) does not "
-                      f"hold here ({type(exc).__name__}: {exc}); tuning it normally")
+            registry.log(f"{node.short} graph {spec.name}: the decision of {where} ({decision.describe()}) does "
+                         f"not hold here ({type(exc).__name__}: {exc}); tuning it normally")
             continue
         measured = f", measured {decision.speedup:.2f}x there" if decision.speedup is not None else ""
-        node._log(f"{node.short} graph {spec.name}: reused the decision of {where}: {backend.describe()}{measured}; "
-                  f"built and validated in {time.perf_counter() - start:.2f}s")
-        entries.append((spec, backend))
-        reports.append(TuneReport(backend=backend, strategy="reused decision"))
+        registry.log(f"{node.short} graph {spec.name}: reused the decision of {where}: {backend.describe()}"
+                     f"{measured}; built and validated in {time.perf_counter() - start:.2f}s")
+        draft.entries.append((spec, backend))
+        draft.reports.append(TuneReport(backend=backend, strategy="reused decision"))
         graphs.remove(spec)
-    return entries, reports, False
+    return None

@@ -28,12 +28,21 @@ from typing import Any
 import torch
 
 from aitune_core.patch import Patch
-from aitune_jit import runtime
-from aitune_jit.runtime import CANDIDATE, OUT_OF_SCOPE, PASS, Marker, tls
+from aitune_jit import runtime, summary
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.runtime import (
+    CANDIDATE,
+    NODE_ATTR,
+    OUT_OF_SCOPE,
+    PASS,
+    Marker,
+    is_installed,
+    process,
+    skip_as_top_frame,
+    tls,
+)
 
 _logger = logging.getLogger("aitune.jit")
-
-NODE_ATTR = "_aitune_jit_node"
 
 #: classes whose module lives here are torch's (or aitune's) machinery, never nodes
 EXCLUDED_PACKAGES: tuple[str, ...] = (
@@ -69,7 +78,6 @@ CONTAINER_TYPES: tuple[type, ...] = (
 class _HookState:
     def __init__(self) -> None:
         self.lock = threading.RLock()
-        self.installed = False
         self.global_mode = False
         self.call_patch: Patch | None = None  # torch.nn.Module.__call__ while installed
         self.init_patch: Patch | None = None  # torch.nn.Module.__init__ while a decorator scope is open
@@ -97,8 +105,6 @@ def is_excluded(cls: type) -> bool:
 
 def _adopt(module: torch.nn.Module) -> Any:
     """Decide what `module` is on its first observed call: a new node or a marker. Thread-safe."""
-    from aitune_jit.patched_module import PatchedModule
-
     with _state.lock:
         slot = module.__dict__.get(NODE_ATTR)
         if isinstance(slot, PatchedModule) or slot is PASS:
@@ -128,7 +134,7 @@ def _slow_call(call: Callable[..., Any], module: torch.nn.Module, slot: Any, arg
             _mark_pass(module)
         return call(module, args, kwargs)
     if (
-        not _state.installed
+        not process.installed
         or runtime.is_compiling()  # torch.export (non-strict) runs modules in Python on fake tensors
         or runtime.in_dynamo_region()  # a torch.compile'd call (see skip_as_top_frame)
         or torch._C._get_tracing_state() is not None  # torch.jit.trace
@@ -189,22 +195,6 @@ def _make_patched_call(original: Callable[..., Any]) -> Callable[..., Any]:
     return __call__
 
 
-def skip_as_top_frame(*functions: Callable[..., Any]) -> None:
-    """Tell dynamo not to compile frames of these functions when they are the outermost frame of a compiled
-    call (`torch.compile(module)` starts at `module.__call__`), only the frames they call - as it does for
-    torch's own `Module.__call__`. Otherwise every module compiled in the process would share aitune's code
-    objects as their top frame, and after `recompile_limit` (8) different modules dynamo would stop
-    compiling. Inlining (a compiled forward calling a submodule) is not affected. Such skipped frames run as
-    plain Python while dynamo's frame callback is installed: the slow paths check `in_dynamo_region()` and
-    pass the call through."""
-    try:
-        from torch._dynamo.eval_frame import skip_code
-    except ImportError:  # pragma: no cover - a torch without it: only the protection above is lost
-        return
-    for fn in functions:
-        skip_code(fn.__code__)
-
-
 skip_as_top_frame(_slow_call)
 
 
@@ -212,40 +202,32 @@ skip_as_top_frame(_slow_call)
 def install() -> None:
     """Patch `torch.nn.Module.__call__` (idempotent). Modules are adopted per the current mode."""
     with _state.lock:
-        if _state.installed:
+        if is_installed():
             return
         original = torch.nn.Module.__call__
         _state.call_patch = Patch(torch.nn.Module, "__call__", _make_patched_call(original)).apply()
-        _state.installed = True
-        from aitune_jit import summary
-
+        process.installed = True
         summary.register_atexit()
         _logger.debug("torch.nn.Module.__call__ patched for JIT tuning")
 
 
 def uninstall() -> None:
     """Restore `torch.nn.Module.__call__` exactly, detach every node and remove every per-module object."""
-    from aitune_jit.patched_module import PatchedModule
-
     with _state.lock:
         set_global_mode(False)
         _close_all_scopes()
-        if _state.installed:
+        if is_installed():
             if not _state.call_patch.restore():  # type: ignore[union-attr]
                 _logger.warning(
                     "torch.nn.Module.__call__ was patched again after aitune patched it; leaving the newer patch in "
                     "place (aitune's hook now passes every call straight through)"
                 )
-            _state.installed = False
+            process.installed = False
         PatchedModule.release_all()
         for module in list(_state.touched):
             module.__dict__.pop(NODE_ATTR, None)
         _state.touched = weakref.WeakSet()
         _logger.debug("JIT tuning hook removed")
-
-
-def is_installed() -> bool:
-    return _state.installed
 
 
 def is_global_mode() -> bool:
@@ -262,7 +244,7 @@ def set_global_mode(enabled: bool) -> None:
 def original_call() -> Callable[..., Any]:
     """The `__call__` in place before the patch (the current one when not installed)."""
     patch = _state.call_patch
-    return patch.original if _state.installed and patch is not None else torch.nn.Module.__call__
+    return patch.original if is_installed() and patch is not None else torch.nn.Module.__call__
 
 
 # ---------------------------------------------------------------------------------------------- decorator scopes

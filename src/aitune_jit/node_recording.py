@@ -20,6 +20,7 @@ from aitune_jit.config import jit_config
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
+    from aitune_core.recording.graph_recorder import GraphRecorder
     from aitune_core.specs.graph_spec import GraphSpec
 
 _logger = logging.getLogger("aitune.jit")
@@ -62,7 +63,7 @@ class NodeRecording:
             if tuned:
                 self._entries = []
                 self._dispatcher = None
-            self.go_eager(reason, reopen=not tuned, level=logging.WARNING)
+            self._go_eager(reason, reopen=not tuned, level=logging.WARNING)
         except Exception:  # pragma: no cover - the last line of defence must not raise either
             _logger.debug("could not send %s to eager", self.path, exc_info=True)
 
@@ -106,7 +107,7 @@ class NodeRecording:
             reason = f"its calls cannot be recorded ({type(exc).__name__}: {exc})"
             _logger.debug("Recording %s failed", self.path, exc_info=True)
             if self.state is NodeState.RECORDING:
-                self.go_eager(reason)
+                self._go_eager(reason)
             else:
                 self._recorder = None
                 self._note_once("record", f"{self.short}: new graphs are not tuned: {reason}", logging.WARNING)
@@ -122,10 +123,10 @@ class NodeRecording:
                           f"tuned ranges; tuning it again over {_ranges(spec)}")
                 self._pending = True
             return
-        cfg = jit_config
-        if recorder.num_samples(name) < cfg.min_samples:
+        missing = missing_for_tuning(recorder, spec)
+        if missing == "samples":
             return
-        if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
+        if missing == "batch axis":
             self._note_once(
                 f"batch-axis-{name}",
                 f"{self.short}: graph {name} has {recorder.num_samples(name)} recordings but no batch axis yet "
@@ -138,10 +139,21 @@ class NodeRecording:
         """Recorded calls cannot be replayed: a RECORDING node stays eager (its children become candidates); a TUNED
         node keeps its tuned graphs but records no new ones."""
         if self.state is NodeState.RECORDING:
-            self.go_eager(reason)
+            self._go_eager(reason)
         else:
             self._recorder = None
             self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
+
+
+def missing_for_tuning(recorder: GraphRecorder, spec: GraphSpec) -> str | None:
+    """What graph `spec` still lacks before it may be tuned: "samples" (fewer than `min_samples`), "batch axis"
+    (`batch_axis_required` and none found yet), or None when it is ready (the one readiness rule of a graph)."""
+    cfg = jit_config
+    if recorder.num_samples(spec) < cfg.min_samples:
+        return "samples"
+    if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
+        return "batch axis"
+    return None
 
 
 def _ranges(spec: GraphSpec) -> str:

@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from aitune_jit.node_registry import registry
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
     from aitune_core.backends.dispatcher import GraphDispatcher
     from aitune_core.recording.graph_recorder import GraphRecorder
-
-
 
 
 def format_count(count: int) -> str:
@@ -85,10 +84,7 @@ class NodeViews:
 
     @classmethod
     def hierarchy_lines(cls) -> list[str]:
-        lines = ["JIT Tuning Hierarchy:"]
-        for node in cls.walk():
-            lines.append(f"{'   ' * node.level}├─ {node}")
-        return lines
+        return registry.hierarchy_lines()
 
     @classmethod
     def print_hierarchy(cls, sink: Callable[[str], Any] = print) -> None:

@@ -7,8 +7,9 @@ thread's call stack at that moment is its parent. What a node does per state:
 - RECORDING: additionally owns a forward wrapper (an instance attribute `forward`, accelerate-hooks style)
   that records (inputs, output) of `forward` - after the user's pre-hooks, before the forward hooks - into a
   `GraphRecorder`; when a graph has `min_samples` recordings it is queued for the background worker
-  (`worker.py` runs `tuner.tune_node` under the root's lock; calls run eagerly meanwhile, nobody waits);
-  with `jit_config.blocking` the call that made it ready tunes it.
+  (`worker.py` runs the node's `_tune_queued` under the root's lock; calls run eagerly meanwhile, nobody
+  waits); with `jit_config.blocking` the call that made it ready tunes it. Tuning returns a `TuningOutcome`
+  that the node applies (`node_transitions.py`).
 - TUNED: the forward wrapper routes calls through a `GraphDispatcher` (backend per graph, eager fallback
   with one warning, new graphs recorded and tuned when they have enough samples). The user's forward
   pre/post hooks still run around it, because `Module.__call__` is untouched and only `forward` changed.
@@ -34,9 +35,11 @@ from aitune_core.forward_slot import ForwardSlot, SlotForward
 from aitune_core.module_info import count_parameters
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import NodeRecording
+from aitune_jit.node_registry import registry, subtree
+from aitune_jit.node_transitions import NodeTransitions
 from aitune_jit.node_views import NodeViews, format_count
 from aitune_jit.range_growth import RangeGrowth
-from aitune_jit.runtime import CANDIDATE, in_dynamo_region, is_compiling, tls
+from aitune_jit.runtime import CANDIDATE, NODE_ATTR, in_dynamo_region, is_compiling, skip_as_top_frame, tls
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
@@ -48,20 +51,17 @@ if TYPE_CHECKING:
 
 _logger = logging.getLogger("aitune.jit")
 
-HISTORY_LIMIT = 10_000
 #: calls of an EAGER / SKIPPED node with its whole subtree settled before it moves to the fast path
 SETTLE_CALLS = 3
 
 
-class PatchedModule(NodeRecording, NodeViews):
+class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
     """A module seen by the JIT hook; see the module docstring. Class-level views: `print_hierarchy`,
     `history` / `print_history`, `roots()`, `of(module)`."""
 
-    #: every step JIT tuning took, in order (bounded to the last `HISTORY_LIMIT` entries)
-    history: ClassVar[list[str]] = []
-    _roots: ClassVar[list[weakref.ref[PatchedModule]]] = []
-    _registry_lock: ClassVar[threading.RLock] = threading.RLock()
-    nodes_seen: ClassVar[int] = 0
+    #: every step JIT tuning took, in order (bounded; the registry's list, see `node_registry.py`)
+    history: ClassVar[list[str]] = registry.history
+    _registry_lock: ClassVar[threading.RLock] = registry.lock
 
     __slots__ = (
         "__weakref__",
@@ -128,14 +128,9 @@ class PatchedModule(NodeRecording, NodeViews):
         self._proxy: torch.nn.Module | None = None
         self._child_names: dict[int, str] | None = None
         self._notes: set[str] = set()
-        with PatchedModule._registry_lock:
-            PatchedModule.nodes_seen += 1
-            if parent is None:
-                # dead roots go now (a module built per call at top level makes a root per call)
-                roots = [ref for ref in PatchedModule._roots if ref() is not None]
-                roots.append(weakref.ref(self))
-                PatchedModule._roots = roots
-            else:
+        with registry.lock:
+            registry.add(self, parent)
+            if parent is not None:
                 # drop the nodes of children whose module died (e.g. `nn.Softmax()(x)` built inside forward):
                 # otherwise an untuned parent would keep one node per call forever
                 parent.children = [child for child in parent.children if child._module_ref() is not None]
@@ -165,38 +160,24 @@ class PatchedModule(NodeRecording, NodeViews):
     @classmethod
     def of(cls, module: torch.nn.Module) -> PatchedModule | None:
         """The node of `module`, or None when the hook has not made it one."""
-        from aitune_jit.hook import NODE_ATTR
-
         slot = module.__dict__.get(NODE_ATTR)
         return slot if isinstance(slot, PatchedModule) else None
 
     @classmethod
     def roots(cls) -> list[PatchedModule]:
-        with cls._registry_lock:
-            alive = [node for node in (ref() for ref in cls._roots) if node is not None]
-            cls._roots = [weakref.ref(node) for node in alive]
-        return alive
+        return registry.roots()  # type: ignore[return-value]
 
     @classmethod
     def walk(cls) -> Iterator[PatchedModule]:
         """Every live node, depth first, parents before children."""
-        for root in cls.roots():
-            yield from root.subtree()
+        return registry.walk()  # type: ignore[return-value]
 
     def subtree(self) -> Iterator[PatchedModule]:
-        stack = [self]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(reversed(node.children))
+        return subtree(self)  # type: ignore[return-value]
 
-    @classmethod
-    def _log(cls, message: str, level: int = logging.INFO) -> None:
-        with cls._registry_lock:
-            cls.history.append(message)
-            if len(cls.history) > HISTORY_LIMIT:
-                del cls.history[: len(cls.history) - HISTORY_LIMIT]
-        _logger.log(level, message)
+    @staticmethod
+    def _log(message: str, level: int = logging.INFO) -> None:
+        registry.log(message, level)
 
     def _note_once(self, key: str, message: str, level: int = logging.INFO) -> None:
         if key not in self._notes:
@@ -313,11 +294,6 @@ class PatchedModule(NodeRecording, NodeViews):
         self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
         self.state = NodeState.RECORDING
 
-    def _try_tune(self) -> None:
-        from aitune_jit.tuner import request_tuning
-
-        request_tuning(self)
-
     # ------------------------------------------------------------------------------------------ tuned dispatch
     def _dispatch(self, args: tuple, kwargs: dict) -> Any:
         dispatcher = self._dispatcher
@@ -349,12 +325,10 @@ class PatchedModule(NodeRecording, NodeViews):
         )
         _logger.debug("Backend failure in %s", self.path, exc_info=True)
         if self._entries:
-            from aitune_jit import summary
-
             self._dispatcher = self._new_dispatcher()
-            summary.record_tuned(self)  # the backends that are left
+            self._record_tuned()  # the backends that are left
         else:
-            self.go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
+            self._go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
 
     def _new_dispatcher(self) -> GraphDispatcher:
         from aitune_core.backends.dispatcher import GraphDispatcher
@@ -367,120 +341,24 @@ class PatchedModule(NodeRecording, NodeViews):
         return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
                                watch=watch, original=self._forward_fn, warned=old.warned if old else None)
 
-    # ------------------------------------------------------------------------------------------ transitions
-    def go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
-        """Route calls of these graphs through their backends; detach the subtree on the first success."""
-        from aitune_jit import summary
-
-        names = {spec.name for spec, _backend in entries}
-        replaced = [backend for spec, backend in self._entries if spec.name in names]  # re-tuned graphs
-        self._entries = [entry for entry in self._entries if entry[0].name not in names] + list(entries)
-        for backend in replaced:
-            _release_backend(backend)
-        self.reports.extend(reports)
-        self._dispatcher = self._new_dispatcher()
-        if self.state is not NodeState.TUNED:
-            self.state = NodeState.TUNED
-            self.reason = None
-            self.fast = True
-            self._detach_subtree()
-        summary.record_tuned(self)
-
-    def go_eager(self, reason: str, *, reopen: bool = True, level: int = logging.INFO) -> None:
-        """Run the original forward from now on; the children become candidates (when `reopen`)."""
-        self._uninstall_forward()
-        self._recorder = None
-        self._proxy = None
-        self._dispatcher = None
-        self._pending = False
-        self.reason = reason
-        self.descend = reopen
-        self.state = NodeState.EAGER
-        self._log(f"{self.short} stays eager: {reason}", level)
-        from aitune_jit import summary
-
-        summary.forget(self)
-        if reopen and self.is_open:
-            self._open_children()
-
-    def go_dry_run(self, message: str) -> None:
-        """Dry run: log what tuning would do, keep the module as it is, and treat the subtree as covered."""
-        self._uninstall_forward()
-        self._recorder = None
-        self._proxy = None
-        self._pending = False
-        self.reason = f"dry run: {message}"
-        self.descend = False
-        self.state = NodeState.SKIPPED
-        self.fast = True
-        self._log(f"Dry run: {message}")
-        self._detach_subtree()
-
-    def _open_children(self) -> None:
-        for child in list(self.children):
-            if child.state is NodeState.INIT and child._started:
-                child._become_candidate()
-                self._log(f"Recording child module: {child}")
-            elif child.state is NodeState.SKIPPED and child.descend:
-                child._open_children()
-
-    def _detach(self) -> None:
-        self._uninstall_forward()
-        self._recorder = None
-        self._proxy = None
-        self._pending = False
-        self.state = NodeState.DETACHED
-        self.fast = True
-
-    def _detach_subtree(self) -> None:
-        for node in list(self.subtree())[1:]:
-            if node.state is not NodeState.DETACHED:
-                node._detach()
-                self._log(f"Unpatching child module: {node}")
-
-    def _release(self) -> None:
-        """Give the module back untouched (hook switched off)."""
-        self._uninstall_forward()
-        self._recorder = None
-        self._proxy = None
-        self._dispatcher = None
-        self._entries = []
-        self.fast = True
-
     @classmethod
     def release_all(cls) -> None:
         """Release every node and forget the hierarchy (the history stays)."""
-        with cls._registry_lock:
+        with registry.lock:
             for node in list(cls.walk()):
                 node._release()
-            cls._roots = []
+            registry.forget_roots()
 
     @classmethod
     def clear_history(cls) -> None:
-        with cls._registry_lock:
-            cls.history.clear()
+        registry.clear_history()
 
 
-def _release_backend(backend: Backend) -> None:
-    """A backend replaced by a re-tuned one: deactivate it (failures only logged)."""
-    try:
-        if backend.is_active:
-            backend.deactivate()
-    except Exception:
-        _logger.debug("could not deactivate %s", backend.describe(), exc_info=True)
-
-
-def _skip_hook_frames() -> None:
-    from aitune_jit.hook import skip_as_top_frame
-
-    skip_as_top_frame(
-        SlotForward.__call__,
-        PatchedModule.observed_call,
-        PatchedModule._forward,
-        PatchedModule._dispatch,
-        PatchedModule._fallback,
-        PatchedModule._recorded_call,
-    )
-
-
-_skip_hook_frames()
+skip_as_top_frame(
+    SlotForward.__call__,
+    PatchedModule.observed_call,
+    PatchedModule._forward,
+    PatchedModule._dispatch,
+    PatchedModule._fallback,
+    PatchedModule._recorded_call,
+)

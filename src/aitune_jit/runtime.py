@@ -1,4 +1,5 @@
-"""Per-thread state of the hook: the stack of nodes being called and the bypass depth.
+"""The hook's run-time state below the node: the per-thread stack of nodes being called and the bypass depth,
+whether the hook is installed, the attribute a module's node lives in, and the checks for dynamo.
 
 While `bypassed()` is active in a thread (tuning, graph-break checks, a tuned backend running), every
 `Module.__call__` in that thread goes straight to the original, so nothing aitune runs is ever recorded,
@@ -8,14 +9,17 @@ adopted into the hierarchy or tuned again.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
-    from aitune_jit.patched_module import PatchedModule
+    from aitune_jit.node_registry import TreeNode
+
+#: the instance attribute of a module seen by the hook: its node (`PatchedModule`) or a `Marker`
+NODE_ATTR = "_aitune_jit_node"
 
 #: dynamo constant-folds these calls to True while it traces, so the hook and the forward wrappers send
 #: traced calls straight to the original code. `is_dynamo_compiling` is the cheapest (`return False` in
@@ -35,14 +39,47 @@ def in_dynamo_region() -> bool:
     """True while a dynamo-compiled call is running in this thread (its frame callback is installed).
 
     The hook's own frames are never compiled as the outermost frame of a compiled call (see
-    `hook.skip_as_top_frame`), so inside `torch.compile(module)(...)` they run as plain Python before the
+    `skip_as_top_frame`), so inside `torch.compile(module)(...)` they run as plain Python before the
     module's forward frame is compiled; there they must pass every call straight through."""
     return _eval_frame_callback() is not None
 
 
+def skip_as_top_frame(*functions: Callable[..., Any]) -> None:
+    """Tell dynamo not to compile frames of these functions when they are the outermost frame of a compiled
+    call (`torch.compile(module)` starts at `module.__call__`), only the frames they call - as it does for
+    torch's own `Module.__call__`. Otherwise every module compiled in the process would share aitune's code
+    objects as their top frame, and after `recompile_limit` (8) different modules dynamo would stop
+    compiling. Inlining (a compiled forward calling a submodule) is not affected. Such skipped frames run as
+    plain Python while dynamo's frame callback is installed: the slow paths check `in_dynamo_region()` and
+    pass the call through."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # pragma: no cover - a torch without it: only the protection above is lost
+        return
+    for fn in functions:
+        skip_code(fn.__code__)
+
+
+class _Process:
+    """Process-wide: whether `hook.install()` has patched `torch.nn.Module.__call__` (written by `hook` only)."""
+
+    __slots__ = ("installed",)
+
+    def __init__(self) -> None:
+        self.installed = False
+
+
+process = _Process()
+
+
+def is_installed() -> bool:
+    """True while the hook's patch of `torch.nn.Module.__call__` is in place."""
+    return process.installed
+
+
 class _ThreadState(threading.local):
     def __init__(self) -> None:
-        self.stack: list[PatchedModule] = []  # nodes whose __call__ is running, innermost last
+        self.stack: list[TreeNode] = []  # nodes whose __call__ is running, innermost last
         self.bypass: int = 0  # > 0: every module call goes straight to the original __call__
         self.scope: int = 0  # > 0: modules constructed now are candidates (decorator mode)
 
@@ -97,7 +134,7 @@ def marker(name: str) -> Marker:
     return _MARKERS[name]
 
 
-def current_node() -> PatchedModule | None:
+def current_node() -> TreeNode | None:
     """The node on top of this thread's call stack (the parent of a module first seen now)."""
     stack = tls.stack
     return stack[-1] if stack else None

@@ -18,10 +18,12 @@ import weakref
 from typing import TYPE_CHECKING
 
 from aitune_core.log import has_real_handler
+from aitune_jit.node_registry import registry
 from aitune_jit.state import NodeState
+from aitune_jit.worker import unfinished_at_exit
 
 if TYPE_CHECKING:
-    from aitune_jit.patched_module import PatchedModule
+    from aitune_jit.node_registry import TreeNode
 
 _logger = logging.getLogger("aitune.jit")
 
@@ -39,11 +41,11 @@ _lock = threading.Lock()
 #: keyed by a serial number per node (not the path: two models of one class have the same path; not id():
 #: the address of a node whose module died is reused by later nodes)
 _records: dict[int, TunedRecord] = {}
-_keys: weakref.WeakKeyDictionary[PatchedModule, int] = weakref.WeakKeyDictionary()
+_keys: weakref.WeakKeyDictionary[TreeNode, int] = weakref.WeakKeyDictionary()
 _serial = itertools.count()
 
 
-def _key(node: PatchedModule) -> int:
+def _key(node: TreeNode) -> int:
     key = _keys.get(node)
     if key is None:
         key = _keys[node] = next(_serial)
@@ -53,15 +55,14 @@ def _key(node: PatchedModule) -> int:
 _registered = False
 
 
-def record_tuned(node: PatchedModule) -> None:
-    """Remember a tuned node (by value: the summary must not keep the model alive)."""
+def record_tuned(node: TreeNode, backends: list[str], speedup: float | None) -> None:
+    """Remember a tuned node with its backends' descriptions (by value: the summary must not keep the model
+    alive)."""
     with _lock:
-        _records[_key(node)] = TunedRecord(
-            node.path, node.short, node.level, [b.describe() for b in node.backends], node.speedup
-        )
+        _records[_key(node)] = TunedRecord(node.path, node.short, node.level, backends, speedup)
 
 
-def forget(node: PatchedModule) -> None:
+def forget(node: TreeNode) -> None:
     """A tuned node that went eager (its backends failed at run time) is no longer reported as tuned."""
     with _lock:
         key = _keys.get(node)
@@ -70,12 +71,10 @@ def forget(node: PatchedModule) -> None:
 
 
 def summary_lines() -> list[str]:
-    from aitune_jit.patched_module import PatchedModule
-
     with _lock:
         records = list(_records.values())
-    nodes = list(PatchedModule.walk())
-    lines = [f"aitune JIT tuning summary: {len(records)} module(s) tuned, {PatchedModule.nodes_seen} module(s) seen"]
+    nodes = list(registry.walk())
+    lines = [f"aitune JIT tuning summary: {len(records)} module(s) tuned, {registry.nodes_seen} module(s) seen"]
     for record in records:
         speed = (
             f", {record.speedup:.2f}x faster than eager at recorded shapes"
@@ -83,8 +82,6 @@ def summary_lines() -> list[str]:
             else " (speed not measured)"
         )
         lines.append(f"  🎯 {record.path} ({record.short}, level {record.level}): {', '.join(record.backends)}{speed}")
-    from aitune_jit.worker import unfinished_at_exit
-
     unfinished = unfinished_at_exit()
     if unfinished:
         lines.append(f"  ⏳ still tuning at exit (ran eagerly): {', '.join(unfinished[:10])}")
@@ -110,15 +107,13 @@ def log_summary() -> None:
     prints by default for WARNING records when the program configured no logging; in that case the summary
     goes to stderr the way `logging.lastResort` would print it.
     """
-    from aitune_jit.patched_module import PatchedModule
-
-    if PatchedModule.nodes_seen == 0 and not _records:
+    if registry.nodes_seen == 0 and not _records:
         return
     try:
         if _env_flag("AITUNE_JIT_PRINT_HIERARCHY"):
-            sys.stderr.write("\n".join(PatchedModule.hierarchy_lines()) + "\n")
+            sys.stderr.write("\n".join(registry.hierarchy_lines()) + "\n")
         if _env_flag("AITUNE_JIT_PRINT_HISTORY"):
-            sys.stderr.write("\n".join(["JIT Tuning History:", *PatchedModule.history]) + "\n")
+            sys.stderr.write("\n".join(["JIT Tuning History:", *registry.history]) + "\n")
         message = "\n".join(summary_lines())
         if _logger.isEnabledFor(logging.WARNING) and not has_real_handler(_logger):
             sys.stderr.write(message + "\n")

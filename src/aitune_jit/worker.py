@@ -2,7 +2,7 @@
 
 The call that completes `min_samples` for a graph only queues its node (`submit`); the node keeps answering
 with the original module while a worker thread tunes it from the recorded samples (each sample owns copies
-of its inputs). When tuning ends, the node's transition (`go_tuned` / `go_eager`) is applied by the worker in
+of its inputs). When tuning ends, the node applies the job's outcome (`TuningOutcome`, `PatchedModule.apply`) in
 one step: the dispatcher is complete before the state says TUNED, so each call sees either the old or the new
 node, never half of it.
 
@@ -10,7 +10,7 @@ node, never half of it.
   in order. Each job runs on its own daemon thread, supervised: a job still running after
   `jit_config.tuning_timeout_s` is abandoned, its node stays eager (children closed), and the queue goes on;
   whatever the abandoned thread produces later is discarded (`abandoned()`).
-- The job (`tuner.tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
+- The job (the node's `_tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
   `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches; it hands the
   GIL back quickly and keeps garbage collections small (`worker_courtesy.courteous`).
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
@@ -35,15 +35,16 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from aitune_jit.config import jit_config
+from aitune_jit.outcome import TuningOutcome
 from aitune_jit.worker_courtesy import courteous
 
-#: a `PatchedModule` (not imported: the worker stays outside the node/hook/tuner import circle)
-PatchedModule = Any
+if TYPE_CHECKING:
+    from aitune_jit.outcome import TuningNode
 
 _logger = logging.getLogger("aitune.jit")
 #: longest wait for a running job at interpreter exit (seconds)
@@ -80,7 +81,7 @@ def abandoned() -> bool:
 class TuningWorker:
     """The queue and its supervisor thread (see the module docstring)."""
 
-    def __init__(self, run: Callable[[PatchedModule], None]) -> None:
+    def __init__(self, run: Callable[[TuningNode], None]) -> None:
         self._run = run
         self._queue: collections.deque[_Job] = collections.deque()
         self._cond = threading.Condition()
@@ -90,10 +91,10 @@ class TuningWorker:
         self._thread.start()
 
     # ---------------------------------------------------------------------------------------- API
-    def submit(self, node: PatchedModule) -> None:
+    def submit(self, node: TuningNode) -> None:
         with self._cond:
             if self._stopping:
-                node._tuning = False
+                node.job_dropped()
                 return
             self._queue.append(_Job(node))
             self._cond.notify_all()
@@ -123,7 +124,7 @@ class TuningWorker:
             for job in self._queue:
                 node = job.node_ref()
                 if node is not None:
-                    node._tuning = False
+                    node.job_dropped()
             left = [job.path for job in self._queue]
             self._queue.clear()
             self._cond.notify_all()
@@ -169,11 +170,11 @@ class TuningWorker:
             job.abandoned = True
             node = job.node_ref()
             if node is not None:
-                node._tuning = False
-                node.go_eager(
+                node.job_dropped()
+                node.apply(TuningOutcome.eager(
                     f"tuning did not finish within jit_config.tuning_timeout_s={jit_config.tuning_timeout_s:g}s",
                     reopen=False, level=logging.WARNING,
-                )
+                ))
 
     def _job_body(self, job: _Job) -> None:
         _local.job = job
@@ -193,7 +194,7 @@ class TuningWorker:
 
 
 @contextlib.contextmanager
-def _own_stream(node: PatchedModule) -> Iterator[None]:
+def _own_stream(node: TuningNode) -> Iterator[None]:
     """On CUDA, compile and capture on a side stream, so the main thread's kernels are not queued behind them;
     synchronized before the job ends (and before the node switches, see `sync_stream`)."""
     module = node.module
@@ -290,7 +291,7 @@ def _quiet_stderr_handler() -> None:
             handler.addFilter(_quiet_after_exit)
 
 
-def submit(node: PatchedModule, run: Callable[[PatchedModule], None]) -> None:
+def submit(node: TuningNode, run: Callable[[TuningNode], None]) -> None:
     """Queue `node` for tuning by `run(node)` on the worker (started on first use)."""
     global _worker, _atexit_registered
     with _worker_lock:

@@ -87,7 +87,7 @@ _CHILD = textwrap.dedent(
     def forbidden(*args, **kwargs):
         raise AssertionError("tuning or building happened during load")
 
-    TuneStrategy.tune = TuneStrategy.tune_with_report = forbidden
+    TuneStrategy.tune = TuneStrategy.tune_with_report = TuneStrategy.run = forbidden
     Backend.build = forbidden
 
     ckpt, io = sys.argv[1], sys.argv[2]

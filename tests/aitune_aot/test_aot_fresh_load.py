@@ -39,7 +39,7 @@ _CHILD = textwrap.dedent(
     def forbidden(*args, **kwargs):
         raise AssertionError("tuning happened during load")
 
-    TuneStrategy.tune = TuneStrategy.tune_with_report = forbidden
+    TuneStrategy.tune = TuneStrategy.tune_with_report = TuneStrategy.run = forbidden
     ckpts, io = json.loads(sys.argv[1]), torch.load(sys.argv[2])
     results = {}
     for scenario, ckpt in ckpts.items():

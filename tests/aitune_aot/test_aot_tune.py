@@ -83,14 +83,14 @@ def test_strategy_gets_the_original_module_and_a_cache_dir_per_graph(monkeypatch
     wrapped = Module(MLP(), "my net")
     strategy = _strategy()
     seen = []
-    original_tune = strategy.tune
+    original_run = strategy.run
 
-    def spy(module, name, graph_spec, data, device, cache_dir):
-        seen.append((module, name, graph_spec.name, len(data), device, cache_dir))
-        assert "forward" not in module.__dict__  # the module's own forward, not the routing
-        return original_tune(module, name, graph_spec, data, device, cache_dir)
+    def spy(job):
+        seen.append((job.module, job.name, job.graph_spec.name, len(job.samples), job.device, job.cache_dir))
+        assert "forward" not in job.module.__dict__  # the module's own forward, not the routing
+        return original_run(job)
 
-    monkeypatch.setattr(strategy, "tune", spy)
+    monkeypatch.setattr(strategy, "run", spy)
     # two graphs: rank-2 and rank-3 inputs
     dataset = [torch.randn(8)] * 2
     tune(lambda x: (wrapped(x), wrapped(x.unsqueeze(1))), dataset, batch_sizes=[1, 2], strategy=strategy)
@@ -106,12 +106,12 @@ def test_strategies_per_graph_as_dict_and_list_and_module_strategy_precedence(mo
 
     def tracked(label):
         strategy = _strategy()
-        original = strategy.tune
-        def spy(module, name, graph_spec, *args):
-            used.append((name, graph_spec.name, label))
-            return original(module, name, graph_spec, *args)
+        original = strategy.run
+        def spy(job):
+            used.append((job.name, job.graph_spec.name, label))
+            return original(job)
 
-        monkeypatch.setattr(strategy, "tune", spy)
+        monkeypatch.setattr(strategy, "run", spy)
         return strategy
 
     by_dict = Module(MLP(), "d", strategies={"1": tracked("dict-1")}, strategy=tracked("module"))
@@ -139,13 +139,13 @@ def test_other_modules_are_deactivated_while_one_tunes_then_all_are_activated(mo
     model.head = Module(model.head, "head")
     strategy = _strategy()
     states = []
-    original = strategy.tune
+    original = strategy.run
 
-    def spy(module, name, *args):
-        states.append((name, model.encoder.is_active, model.head.is_active))
-        return original(module, name, *args)
+    def spy(job):
+        states.append((job.name, model.encoder.is_active, model.head.is_active))
+        return original(job)
 
-    monkeypatch.setattr(strategy, "tune", spy)
+    monkeypatch.setattr(strategy, "run", spy)
     tune(model, _dataset(4), batch_sizes=[1, 2], strategy=strategy)
     assert states == [("enc", False, False), ("head", False, False)]
     assert model.encoder.is_active and model.head.is_active

@@ -8,6 +8,7 @@ from core_fakes import BuildFailsBackend, FakeConfig, GoodBackend, SlowBackend, 
 from aitune_core.backends.backend import BackendState
 from aitune_core.errors import NotFasterThanEagerError, TuningFailedError
 from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
+from aitune_core.strategies.tune_job import TuneJob
 
 
 class SleepyMLP(TinyMLP):
@@ -193,13 +194,13 @@ def test_skip_reason_is_cheap_and_says_why(tmp_path):
     layer = torch.nn.Linear(8, 8).eval()
     spec, data = record(layer, batch_sizes=(2, 4))
     assert "one torch.nn layer" in _strategy([GoodBackend()], skip_single_layer=True).skip_reason(
-        layer, "fc", spec, data, "cpu"
+        TuneJob.of(layer, "fc", spec, data, "cpu", tmp_path)
     )
     model = TinyMLP().eval()
     spec, data = record(model, batch_sizes=(2, 4))
     assert "too cheap" in _strategy([GoodBackend()], min_eager_latency_us=1e6).skip_reason(
-        model, "mlp", spec, data, "cpu"
+        TuneJob.of(model, "mlp", spec, data, "cpu", tmp_path)
     )
     assert _strategy([GoodBackend()], skip_single_layer=True, min_eager_latency_us=0).skip_reason(
-        model, "mlp", spec, data, "cpu"
+        TuneJob.of(model, "mlp", spec, data, "cpu", tmp_path)
     ) is None

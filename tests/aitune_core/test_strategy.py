@@ -9,6 +9,7 @@ from aitune_core.errors import TuningFailedError
 from aitune_core.strategies import strategy as strategy_module
 from aitune_core.strategies.first_wins import FirstWinsStrategy
 from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStrategy
+from aitune_core.strategies.tune_job import TuneJob
 
 
 @pytest.fixture
@@ -186,9 +187,8 @@ def test_a_failing_on_success_step_discards_the_candidate(graph, tmp_path):
         raise RuntimeError("bookkeeping failed")
 
     model, _name, spec, data, _device, _cache = _args(graph, tmp_path)
-    report, backend = strategy._try_backend(
-        GoodBackend(), model, spec, data, torch.device("cpu"), tmp_path, on_success=on_success
-    )
+    job = TuneJob.of(model, "mlp", spec, data, "cpu", tmp_path)
+    report, backend = strategy._try_backend(GoodBackend(), job, on_success=on_success)
     assert backend is None and "bookkeeping failed" in report.error
     assert built and built[0].state is not BackendState.ACTIVE  # released
 
@@ -203,3 +203,30 @@ def test_a_candidate_rejected_for_its_values_reports_how_close_it_was(graph, tmp
     with pytest.raises(TuningFailedError) as info:
         FirstWinsStrategy([WrongValuesBackend()]).tune(*_args(graph, tmp_path))
     assert f"  - WrongValuesBackend(): ValidationError: values not close enough: {wrong.closeness}" in str(info.value)
+
+
+class _WrapsFirstWins(FirstWinsStrategy):
+    """A user's subclass of a built-in strategy that overrides the documented `_tune` and calls the built-in."""
+
+    def __init__(self):
+        super().__init__([GoodBackend()])
+        self.seen = []
+
+    def _tune(self, module, name, graph_spec, data, device, cache_dir):
+        self.seen.append((name, len(data), device))
+        return super()._tune(module, name, graph_spec, data, device, cache_dir)
+
+
+def test_a_subclass_of_a_built_in_strategy_may_override_tune_and_call_super(graph, tmp_path):
+    strategy = _WrapsFirstWins()
+    report = strategy.run(TuneJob.of(*_args(graph, tmp_path)))
+    assert strategy.seen == [("mlp", len(graph[2]), torch.device("cpu"))]
+    assert isinstance(report.backend, GoodBackend) and report.backend.state is BackendState.ACTIVE
+
+
+def test_a_strategy_without_tune_cannot_be_made():
+    class Nothing(TuneStrategy):
+        pass
+
+    with pytest.raises(TypeError, match="implements _tune"):
+        Nothing([GoodBackend()])

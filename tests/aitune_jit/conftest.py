@@ -14,6 +14,7 @@ from jit_helpers import CountingBackend
 
 from aitune_jit import decisions, summary
 from aitune_jit.config import jit_config
+from aitune_jit.node_registry import registry
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.switch import disable
 from aitune_jit.worker import wait_until_tuned
@@ -39,7 +40,7 @@ def jit_clean_state(tmp_path):
     wait_until_tuned(timeout=60)
     _test_config(tmp_path)
     PatchedModule.clear_history()
-    PatchedModule.nodes_seen = 0
+    registry.nodes_seen = 0
     summary.reset()
     assert torch.nn.Module.__call__ is ORIGINAL_CALL, "a test leaked the JIT patch"
     # (dynamo wraps Module.__init__ for good the first time it compiles; only aitune's scope wrapper must be gone)

@@ -9,6 +9,7 @@ import torch
 from jit_helpers import CountingBackend, DynamicModule, make_mlp, run, states
 
 from aitune_jit.config import jit_config
+from aitune_jit.node_registry import registry
 from aitune_jit.patched_module import PatchedModule, format_count
 from aitune_jit.state import NodeState
 from aitune_jit.switch import enable
@@ -278,4 +279,4 @@ def test_roots_of_modules_that_died_are_not_kept():
     with torch.no_grad():
         for _ in range(50):
             torch.nn.Softmax(dim=-1)(torch.randn(2, 8))
-    assert len(PatchedModule._roots) <= 3
+    assert len(registry.root_refs) <= 3

@@ -51,3 +51,21 @@ def test_a_failure_while_recording_ends_tuning_not_the_call(caplog):
             out = model(x)
     torch.testing.assert_close(out, type(model).forward(model, x))
     assert node.state is NodeState.EAGER and "cannot be recorded (KeyError" in node.reason
+
+
+def test_a_graph_is_ready_with_min_samples_and_a_batch_axis_where_required():
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_jit.node_recording import missing_for_tuning
+
+    layer = torch.nn.Linear(4, 4).eval()
+    recorder = GraphRecorder(layer.forward, name="fc")
+    jit_config.min_samples = 2
+    with torch.no_grad():
+        spec = recorder.record((torch.randn(3, 4),), {}, layer(torch.randn(3, 4)))
+        assert missing_for_tuning(recorder, spec) == "samples"
+        x = torch.randn(3, 4)
+        spec = recorder.record((x,), {}, layer(x))
+    jit_config.batch_axis_required = True
+    assert missing_for_tuning(recorder, spec) == "batch axis"  # the same batch size twice: no axis seen vary
+    jit_config.batch_axis_required = False
+    assert missing_for_tuning(recorder, spec) is None

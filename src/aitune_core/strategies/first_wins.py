@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-import torch
 
 from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStrategy
 
 if TYPE_CHECKING:
-    from aitune_core.recording.sample import Sample
-    from aitune_core.specs.graph_spec import GraphSpec
+    from aitune_core.strategies.tune_job import TuneJob
 
 
 class FirstWinsStrategy(TuneStrategy):
@@ -26,19 +22,11 @@ class FirstWinsStrategy(TuneStrategy):
     description = "try backends in order, return the first one that builds and validates"
     measures_speed = False
 
-    def _tune(
-        self,
-        module: torch.nn.Module,
-        name: str,
-        graph_spec: GraphSpec,
-        data: list[Sample],
-        device: torch.device,
-        cache_dir: Path,
-    ) -> TuneReport:
+    def _tune_job(self, job: TuneJob) -> TuneReport:
         candidates: list[CandidateReport] = []
         for blueprint in self._backends:
-            report, backend = self._try_backend(blueprint, module, graph_spec, data, device, cache_dir)
+            report, backend = self._try_backend(blueprint, job)
             candidates.append(report)
             if backend is not None:
                 return TuneReport(backend=backend, candidates=candidates, selected_index=len(candidates) - 1)
-        raise self._failed(name, graph_spec, candidates)
+        raise self._failed(job.name, job.graph_spec, candidates)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,6 +58,7 @@ from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStr
 if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
     from aitune_core.specs.graph_spec import GraphSpec
+    from aitune_core.strategies.tune_job import TuneJob
 
 _logger = get_logger("strategy")
 
@@ -163,18 +163,17 @@ class HighestThroughputStrategy(TuneStrategy):
             "fuse, not worth a dispatch (skip_single_layer)"
         )
 
-    def skip_reason(self, module: torch.nn.Module, name: str, graph_spec: GraphSpec, data: list[Sample],
-                    device: torch.device | str) -> str | None:
+    def skip_reason(self, job: TuneJob) -> str | None:
         """Why no backend is worth building for this graph (`skip_single_layer`, `min_eager_latency_us`), or None.
 
         Cheap (no compile; a few eager calls at a recorded shape when `min_eager_latency_us` is set), so a
-        caller can ask before costlier checks such as a dynamo trace; `tune` applies the same checks itself.
+        caller can ask before costlier checks such as a dynamo trace; `run` applies the same checks itself.
         """
+        module, name, graph_spec, data, device, _cache_dir = job.arguments()
         reason = self._single_layer(module, name)
         if reason is not None or self.min_eager_latency_us is None or not data:
             return reason
-        device = torch.device(device)
-        sample = self._representative_sample(graph_spec, list(data))
+        sample = self._representative_sample(graph_spec, data)
         args, kwargs = sample.inputs_to(device)
         batch_size = profiling.sample_batch_size(graph_spec, sample) or 1
         return self._too_cheap(name, self._profile(module, args, kwargs, batch_size, device))
@@ -264,15 +263,8 @@ class HighestThroughputStrategy(TuneStrategy):
         return best.batch_size, best
 
     # ------------------------------------------------------------------------------------------ tuning
-    def _tune(
-        self,
-        module: torch.nn.Module,
-        name: str,
-        graph_spec: GraphSpec,
-        data: list[Sample],
-        device: torch.device,
-        cache_dir: Path,
-    ) -> TuneReport:
+    def _tune_job(self, job: TuneJob) -> TuneReport:
+        module, name, graph_spec, data, device, _cache_dir = job.arguments()
         reason = self._single_layer(module, name)
         if reason is not None:
             raise NotFasterThanEagerError(f"{reason}; nothing was built")
@@ -343,9 +335,7 @@ class HighestThroughputStrategy(TuneStrategy):
 
         for blueprint in self._backends:
             pending.clear()
-            report, _backend = self._try_backend(
-                blueprint, module, graph_spec, data, device, cache_dir, profile=profile, on_success=keep_best
-            )
+            report, _backend = self._try_backend(blueprint, job, profile=profile, on_success=keep_best)
             candidates.append(report)
             best_report = best[1]
             best_speedup = speedups.get(id(best_report), 0.0) if best_report is not None else 0.0

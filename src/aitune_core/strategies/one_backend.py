@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-import torch
 
 from aitune_core.backends.backend import Backend
 from aitune_core.strategies.strategy import TuneReport, TuneStrategy
 
 if TYPE_CHECKING:
-    from aitune_core.recording.sample import Sample
-    from aitune_core.specs.graph_spec import GraphSpec
+    from aitune_core.strategies.tune_job import TuneJob
 
 
 class OneBackendStrategy(TuneStrategy):
@@ -33,15 +29,7 @@ class OneBackendStrategy(TuneStrategy):
     def backend(self) -> Backend:
         return self._backends[0]
 
-    def _tune(
-        self,
-        module: torch.nn.Module,
-        name: str,
-        graph_spec: GraphSpec,
-        data: list[Sample],
-        device: torch.device,
-        cache_dir: Path,
-    ) -> TuneReport:
-        report, backend = self._try_backend(self.backend, module, graph_spec, data, device, cache_dir, reraise=True)
+    def _tune_job(self, job: TuneJob) -> TuneReport:
+        report, backend = self._try_backend(self.backend, job, reraise=True)
         assert backend is not None  # reraise=True: a failure has raised already
         return TuneReport(backend=backend, candidates=[report], selected_index=0)

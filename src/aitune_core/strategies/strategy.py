@@ -31,8 +31,10 @@ tolerance and how many were allowed, worst error and its cap). When no candidate
 lists every candidate's cause in one line (for values not close enough: the closeness). `OneBackendStrategy`
 instead re-raises the original exception.
 
-Custom strategies implement `_tune(...)` and may return either a `TuneReport` or just the tuned `Backend`;
-`_pre_tune` / `_post_tune` run before and after it.
+Callers pass one `TuneJob` (`run(job)`, `dry_run(job)`); `tune` / `tune_with_report` / `tune_dry_run` take its
+six parts as arguments. Custom strategies implement `_tune(module, name, graph_spec, data, device, cache_dir)`
+and may return either a `TuneReport` or just the tuned `Backend`; `_pre_tune` / `_post_tune` (same arguments) run
+before and after it. The built-in strategies implement `_tune_job(job)`.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import dataclasses
 import os
 import sys
 import time
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -54,6 +56,7 @@ from aitune_core.errors import TuningFailedError, ValidationError
 from aitune_core.log import get_logger, timed
 from aitune_core.module_info import count_parameters
 from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
+from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.validation.validator import validate_backend
 
 if TYPE_CHECKING:
@@ -203,7 +206,7 @@ def _failure_message(name: str, graph_spec: GraphSpec, candidates: Sequence[Cand
 
 
 # ------------------------------------------------------------------------------------------------ strategy
-class TuneStrategy(ABC):
+class TuneStrategy(ABC):  # noqa: B024 - one of _tune / _tune_job is required: checked in __init__
     """Base of tuning strategies; see the module docstring."""
 
     #: shown as `name:` in the logs
@@ -223,6 +226,8 @@ class TuneStrategy(ABC):
                     f"{type(self).__name__}: backend {backend.describe()} is {backend.state.name}; strategies need "
                     "unbuilt (INIT) backends to copy"
                 )
+        if not self._implements_tune() and type(self)._tune_job is TuneStrategy._tune_job:
+            raise TypeError(f"Can't instantiate {type(self).__name__}: a strategy implements _tune (or _tune_job)")
         self._backends: list[Backend] = backends
         self._correctness_check = True
 
@@ -246,6 +251,38 @@ class TuneStrategy(ABC):
         return f"{type(self).__name__}([{', '.join(_identity(b)[0] for b in self._backends)}])"
 
     # -------------------------------------------------------------------------------------------- API
+    def run(self, job: TuneJob) -> TuneReport:
+        """Tune one graph of one module (see `TuneJob`); returns the `TuneReport` (the chosen backend, ACTIVE;
+        candidates; eager baseline and speed-up where measured). Raises `TuningFailedError`."""
+        if not job.samples:
+            raise TuningFailedError(
+                f"No samples recorded for module `{job.name}` (graph {job.graph_spec.name}); cannot tune"
+            )
+        self._log_header(job)
+        strategy = type(self).__name__
+        _logger.info("⏳ Executing strategy `%s` on module `%s` (graph: %s)", strategy, job.name, job.graph_spec.name)
+        arguments = job.arguments()  # one list of samples for the three hooks, as before
+        with timed(_logger, f"Tune `{strategy}`"):
+            self._pre_tune(*arguments)
+            result = self._tune(*arguments) if self._implements_tune() else self._tune_job(job)
+            report = result if isinstance(result, TuneReport) else TuneReport(backend=result)
+            if not report.strategy:
+                report.strategy = strategy
+            self._post_tune(*arguments)
+            self._log_selected(report, job.name, job.graph_spec)
+        return report
+
+    def dry_run(self, job: TuneJob) -> None:
+        """Log what `run(job)` would do (module, graph, samples, backends) without building anything."""
+        self._log_header(job)
+        _logger.info(
+            "🧪 Dry run: strategy `%s` would try %d backend(s) on module `%s` (graph: %s); nothing is built",
+            type(self).__name__,
+            len(self._backends),
+            job.name,
+            job.graph_spec.name,
+        )
+
     def tune(
         self,
         module: torch.nn.Module,
@@ -256,7 +293,7 @@ class TuneStrategy(ABC):
         cache_dir: Path | str,
     ) -> Backend:
         """Tune one graph of `module`; returns the chosen backend, ACTIVE. Raises `TuningFailedError`."""
-        return self.tune_with_report(module, name, graph_spec, data, device, cache_dir).backend
+        return self.run(TuneJob.of(module, name, graph_spec, data, device, cache_dir)).backend
 
     def tune_with_report(
         self,
@@ -268,23 +305,7 @@ class TuneStrategy(ABC):
         cache_dir: Path | str,
     ) -> TuneReport:
         """Like `tune`, returning the `TuneReport` (candidates, eager baseline, speedup)."""
-        device = torch.device(device)
-        cache_dir = Path(cache_dir)
-        data = list(data)
-        if not data:
-            raise TuningFailedError(f"No samples recorded for module `{name}` (graph {graph_spec.name}); cannot tune")
-        self._log_header(module, name, graph_spec, data, device, cache_dir)
-        strategy = type(self).__name__
-        _logger.info("⏳ Executing strategy `%s` on module `%s` (graph: %s)", strategy, name, graph_spec.name)
-        with timed(_logger, f"Tune `{strategy}`"):
-            self._pre_tune(module, name, graph_spec, data, device, cache_dir)
-            result = self._tune(module, name, graph_spec, data, device, cache_dir)
-            report = result if isinstance(result, TuneReport) else TuneReport(backend=result)
-            if not report.strategy:
-                report.strategy = strategy
-            self._post_tune(module, name, graph_spec, data, device, cache_dir)
-            self._log_selected(report, name, graph_spec)
-        return report
+        return self.run(TuneJob.of(module, name, graph_spec, data, device, cache_dir))
 
     def tune_dry_run(
         self,
@@ -296,14 +317,7 @@ class TuneStrategy(ABC):
         cache_dir: Path | str,
     ) -> None:
         """Log what `tune` would do (module, graph, samples, backends) without building anything."""
-        self._log_header(module, name, graph_spec, list(data), torch.device(device), Path(cache_dir))
-        _logger.info(
-            "🧪 Dry run: strategy `%s` would try %d backend(s) on module `%s` (graph: %s); nothing is built",
-            type(self).__name__,
-            len(self._backends),
-            name,
-            graph_spec.name,
-        )
+        self.dry_run(TuneJob.of(module, name, graph_spec, data, device, cache_dir))
 
     # -------------------------------------------------------------------------------------------- hooks
     def _pre_tune(  # noqa: B027 - optional hook
@@ -317,7 +331,6 @@ class TuneStrategy(ABC):
     ) -> None:
         """Called before `_tune` (override to prepare, e.g. estimate a batch size)."""
 
-    @abstractmethod
     def _tune(
         self,
         module: torch.nn.Module,
@@ -327,7 +340,18 @@ class TuneStrategy(ABC):
         device: torch.device,
         cache_dir: Path,
     ) -> TuneReport | Backend:
-        """Choose, build and activate a backend for this graph (build copies of the blueprints)."""
+        """Choose, build and activate a backend for this graph (build copies of the blueprints): the hook custom
+        strategies implement. The built-in strategies implement `_tune_job` instead; this runs it for them (so a
+        subclass of one may override `_tune` and call `super()._tune(...)`)."""
+        return self._tune_job(TuneJob.of(module, name, graph_spec, data, device, cache_dir))
+
+    def _tune_job(self, job: TuneJob) -> TuneReport | Backend:
+        """`_tune` for strategies that take the job as one object (the built-in ones)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither _tune nor _tune_job")
+
+    def _implements_tune(self) -> bool:
+        """True when a class of this strategy overrides `_tune` (a custom strategy): `run` calls it."""
+        return type(self)._tune is not TuneStrategy._tune
 
     def _post_tune(  # noqa: B027 - optional hook
         self,
@@ -344,11 +368,7 @@ class TuneStrategy(ABC):
     def _try_backend(
         self,
         blueprint: Backend,
-        module: torch.nn.Module,
-        graph_spec: GraphSpec,
-        data: list[Sample],
-        device: torch.device,
-        cache_dir: Path,
+        job: TuneJob,
         *,
         profile: Callable[[Backend], Measurement] | None = None,
         on_success: Callable[[CandidateReport, Backend], None] | None = None,
@@ -371,12 +391,12 @@ class TuneStrategy(ABC):
                 try:  # every per-candidate step: a backend that cannot even be copied is a candidate failure
                     backend = blueprint.blueprint_copy()
                     with progress(f"Building {description}"):
-                        backend.build(module, graph_spec, data, device, cache_dir / backend.key())
+                        backend.build(job.module, job.graph_spec, job.data, job.device, job.cache_dir / backend.key())
                     report.built = True
                     _logger.info("✅ backend built")
                     if self._correctness_check:
                         with progress(f"Validating {description}"):
-                            validate_backend(backend, graph_spec, data)
+                            validate_backend(backend, job.graph_spec, job.data)
                         report.validated = True
                         _logger.info("✅ backend validated")
                     if profile is not None:
@@ -425,15 +445,8 @@ class TuneStrategy(ABC):
         return error
 
     # -------------------------------------------------------------------------------------------- logging
-    def _log_header(
-        self,
-        module: torch.nn.Module,
-        name: str,
-        graph_spec: GraphSpec,
-        data: list[Sample],
-        device: torch.device,
-        cache_dir: Path,
-    ) -> None:
+    def _log_header(self, job: TuneJob) -> None:
+        module, name, graph_spec, data, device, cache_dir = job.arguments()
         _logger.info("🚀 Tuning graph `%s` for module `%s`:", graph_spec.name, name)
         _logger.info("  number of parameters: %d", count_parameters(module))
         with suppress(Exception):

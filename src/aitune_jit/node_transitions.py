@@ -1,0 +1,213 @@
+"""`NodeTransitions`: how a JIT node asks for tuning and applies the outcome (a mixin of `PatchedModule`).
+
+Why a file of its own: this is the one place where a node changes state after it started. The tuner
+(`tuner.tune`) only reads the node and returns a `TuningOutcome`; `apply` takes it in one step through one
+verdict -> handler table (`_APPLY`), and every state that gives up the forward wrapper goes through the one
+clean-up `_drop_forward`.
+
+Threads: with background tuning, `_try_tune` (on the calling thread) marks the node `_tuning` - its calls then
+run the original forward and record nothing, so the recorder is not mutated while the worker reads it - and queues
+it; `_tune_queued` runs on the worker's job thread under the root's lock, computes the outcome and applies it
+between two calls: `_go_tuned` assigns the dispatcher before the state, so a concurrent call sees the old node or
+the new one. With `jit_config.blocking`, the call that made a graph ready does the same in its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from aitune_jit import summary, tuner, worker
+from aitune_jit.config import jit_config
+from aitune_jit.node_recording import missing_for_tuning
+from aitune_jit.outcome import TuningOutcome, Verdict, release_backend
+from aitune_jit.runtime import bypassed
+from aitune_jit.state import NodeState
+
+if TYPE_CHECKING:
+    from aitune_core.backends.backend import Backend
+    from aitune_core.specs.graph_spec import GraphSpec
+    from aitune_core.strategies.strategy import TuneReport
+
+
+class NodeTransitions:
+    """Tuning requests and transitions of `PatchedModule` (its attributes are the node's; see
+    `patched_module.py`)."""
+
+    __slots__ = ()
+
+    # ------------------------------------------------------------------------------------------ asking for tuning
+    def _try_tune(self) -> None:
+        """A graph is ready (`_record` set `_pending`): queue the node for the background worker, or, with
+        `jit_config.blocking`, tune it now in this thread (unless another thread tunes a module of its root: then a
+        later call tries again)."""
+        if not jit_config.blocking:  # the call that made a graph ready never waits
+            if not self._tuning:
+                self._tuning, self._pending = True, False
+                worker.submit(self, NodeTransitions._tune_queued)
+            return
+        lock = self._tune_lock
+        if not lock.acquire(blocking=False):
+            return
+        try:
+            if not self._pending or self._tuning:
+                return
+            self._pending = False
+            self._tuning = True
+            try:
+                self.apply(tuner.tune(self))
+            except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
+                self._internal_error("tuning", exc)
+            finally:
+                self._tuning = False
+        finally:
+            lock.release()
+
+    def _tune_queued(self) -> None:
+        """The worker's job for this node (on its job thread): tune under the root's lock and apply the outcome; the
+        node records again afterwards."""
+        lock = self._tune_lock
+        timeout = jit_config.tuning_timeout_s
+        if not lock.acquire(timeout=-1 if timeout is None else timeout):  # a blocking-mode tuning of the root hangs
+            self._tuning = False
+            return
+        try:
+            self._pending = False
+            try:
+                with bypassed(), torch.no_grad():  # this thread's module calls are aitune's own
+                    self.apply(tuner.tune(self))
+            except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
+                if not worker.abandoned():
+                    self._internal_error("tuning", exc)
+        finally:
+            self._tuning = False
+            lock.release()
+
+    def job_dropped(self) -> None:
+        """The worker will not run, or not finish, this node's job: its calls record again."""
+        self._tuning = False
+
+    # ------------------------------------------------------------------------------------------ what tuning reads
+    def ready_graphs(self) -> list[GraphSpec]:
+        """The recorded graphs to tune now: enough samples (and a batch axis where required), neither tuned (unless
+        due for re-tuning over wider ranges) nor failed."""
+        recorder = self._recorder
+        if recorder is None:
+            return []
+        done = ({spec.name for spec, _backend in self._entries} - self._growth.due) | set(self._failed)
+        return [spec for spec in recorder.graph_specs
+                if spec.name not in done and missing_for_tuning(recorder, spec) is None]
+
+    def tuning_view(self) -> torch.nn.Module:
+        """The `ForwardOnly` view of the module that strategies and backends get (made once per node)."""
+        if self._proxy is None:
+            self._proxy = tuner.ForwardOnly(self.module, self._forward_fn)  # type: ignore[arg-type]
+        return self._proxy
+
+    @property
+    def retune_due(self) -> frozenset[str]:
+        """Tuned graphs whose calls fell outside their ranges often enough to be tuned again (`range_growth.py`)."""
+        return frozenset(self._growth.due)
+
+    @property
+    def checked_graphs(self) -> frozenset[str]:
+        """Graphs whose graph-break check ran (it runs once per graph)."""
+        return frozenset(self._checked_graphs)
+
+    # ------------------------------------------------------------------------------------------ applying an outcome
+    def apply(self, outcome: TuningOutcome) -> None:
+        """Take a tuning outcome in one step: note its failed graphs, re-tunes and graph-break checks, then switch
+        as its verdict says (`_APPLY`)."""
+        self._failed.update(outcome.failed)
+        for name in outcome.retuned:
+            self._growth.retuned(name)
+        self._checked_graphs.update(outcome.checked)
+        _APPLY[outcome.verdict](self, outcome)
+
+    def _go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
+        """Route calls of these graphs through their backends; detach the subtree on the first success."""
+        names = {spec.name for spec, _backend in entries}
+        replaced = [backend for spec, backend in self._entries if spec.name in names]  # re-tuned graphs
+        self._entries = [entry for entry in self._entries if entry[0].name not in names] + list(entries)
+        for backend in replaced:
+            release_backend(backend)
+        self.reports.extend(reports)
+        self._dispatcher = self._new_dispatcher()  # complete before the state says TUNED
+        if self.state is not NodeState.TUNED:
+            self.state = NodeState.TUNED
+            self.reason = None
+            self.fast = True
+            self._detach_subtree()
+        self._record_tuned()
+
+    def _record_tuned(self) -> None:
+        summary.record_tuned(self, [backend.describe() for backend in self.backends], self.speedup)
+
+    def _go_eager(self, reason: str, *, reopen: bool = True, level: int = logging.INFO) -> None:
+        """Run the original forward from now on; the children become candidates (when `reopen`)."""
+        self._drop_forward()
+        self.reason = reason
+        self.descend = reopen
+        self.state = NodeState.EAGER
+        self._log(f"{self.short} stays eager: {reason}", level)
+        summary.forget(self)
+        if reopen and self.is_open:
+            self._open_children()
+
+    def _go_dry_run(self, message: str) -> None:
+        """Dry run: log what tuning would do, keep the module as it is, and treat the subtree as covered."""
+        self._drop_forward()
+        self.reason = f"dry run: {message}"
+        self.descend = False
+        self.state = NodeState.SKIPPED
+        self.fast = True
+        self._log(f"Dry run: {message}")
+        self._detach_subtree()
+
+    def _detach(self) -> None:
+        self._drop_forward(keep_dispatcher=True)
+        self.state = NodeState.DETACHED
+        self.fast = True
+
+    def _release(self) -> None:
+        """Give the module back untouched (hook switched off)."""
+        self._drop_forward()
+        self._entries = []
+        self.fast = True
+
+    def _drop_forward(self, *, keep_dispatcher: bool = False) -> None:
+        """The one clean-up of every state without a forward wrapper (EAGER, dry-run SKIPPED, DETACHED, released):
+        the wrapper goes, and with it what recording and tuning kept."""
+        self._uninstall_forward()
+        self._recorder = None
+        self._proxy = None
+        self._pending = False
+        if not keep_dispatcher:
+            self._dispatcher = None
+
+    def _open_children(self) -> None:
+        for child in list(self.children):
+            if child.state is NodeState.INIT and child._started:
+                child._become_candidate()
+                self._log(f"Recording child module: {child}")
+            elif child.state is NodeState.SKIPPED and child.descend:
+                child._open_children()
+
+    def _detach_subtree(self) -> None:
+        for node in list(self.subtree())[1:]:
+            if node.state is not NodeState.DETACHED:
+                node._detach()
+                self._log(f"Unpatching child module: {node}")
+
+
+#: verdict -> how the node takes it (see `outcome.py`)
+_APPLY: dict[Verdict, Callable[[NodeTransitions, TuningOutcome], None]] = {
+    Verdict.TUNED: lambda node, outcome: node._go_tuned(list(outcome.entries), list(outcome.reports)),
+    Verdict.EAGER: lambda node, outcome: node._go_eager(str(outcome.reason), reopen=False, level=outcome.level),
+    Verdict.DESCEND: lambda node, outcome: node._go_eager(str(outcome.reason), reopen=True, level=outcome.level),
+    Verdict.DRY_RUN: lambda node, outcome: node._go_dry_run(str(outcome.reason)),
+    Verdict.UNCHANGED: lambda node, outcome: None,
+}
