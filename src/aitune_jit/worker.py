@@ -6,8 +6,9 @@ of its inputs). When tuning ends, the node's transition (`go_tuned` / `go_eager`
 one step: the dispatcher is complete before the state says TUNED, so each call sees either the old or the new
 node, never half of it.
 
-- One worker per process, one job at a time (tuning never competes with itself for the device), nodes queued
-  in order. Each job runs on its own daemon thread, supervised: a job still running after
+- One worker per process, one job at a time (tuning never competes with itself for the device); of the queued
+  nodes, the one with the largest expected gain goes next (`tuning_order.py`; ties in queue order). Each job
+  runs on its own daemon thread, supervised: a job still running after
   `jit_config.tuning_timeout_s` is abandoned, its node stays eager (children closed), and the queue goes on;
   whatever the abandoned thread produces later is discarded (`abandoned()`).
 - The job (`tuner.tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 
 from aitune_jit.config import jit_config
+from aitune_jit.tuning_order import expected_gain, pick_next
 
 #: a `PatchedModule` (not imported: the worker stays outside the node/hook/tuner import circle)
 PatchedModule = Any
@@ -46,11 +48,12 @@ EXIT_WAIT_S = 5.0
 
 
 class _Job:
-    __slots__ = ("abandoned", "node_ref", "path", "started")
+    __slots__ = ("abandoned", "gain", "node_ref", "path", "started")
 
     def __init__(self, node: Any) -> None:
         self.node_ref = weakref.ref(node)
         self.path = node.path
+        self.gain = expected_gain(node)
         self.abandoned = False
         self.started: float | None = None
 
@@ -126,7 +129,9 @@ class TuningWorker:
                     self._cond.wait()
                 if (self._stopping and not self._queue) or not threading.main_thread().is_alive():
                     return  # (at exit, `stop` reports and drops what is still queued)
-                job = self._queue.popleft()
+                index = pick_next([queued.gain for queued in self._queue])
+                job = self._queue[index]
+                del self._queue[index]
                 self._current = job
             try:
                 self._supervise(job)
