@@ -239,7 +239,7 @@ class PatchedModule(NodeRecording, NodeViews):
             parent = self.parent
             if parent is not None and (
                 parent.state in (NodeState.TUNED, NodeState.DETACHED)
-                or (parent.state is NodeState.SKIPPED and not parent.descend)
+                or (parent.state in (NodeState.SKIPPED, NodeState.EAGER) and not parent.descend)
             ):
                 self._detach()
                 return
@@ -402,6 +402,8 @@ class PatchedModule(NodeRecording, NodeViews):
         summary.forget(self)
         if reopen and self.is_open:
             self._open_children()
+        elif not reopen:
+            self._close_children()
 
     def go_dry_run(self, message: str) -> None:
         """Dry run: log what tuning would do, keep the module as it is, and treat the subtree as covered."""
@@ -423,6 +425,13 @@ class PatchedModule(NodeRecording, NodeViews):
                 self._log(f"Recording child module: {child}")
             elif child.state is NodeState.SKIPPED and child.descend:
                 child._open_children()
+
+    def _close_children(self) -> None:
+        """Children waiting for this node (INIT) will never be candidates: on the fast path, like a tuned node's
+        subtree (otherwise they, and so this node and its ancestors, would take the hook's slow path forever)."""
+        for node in list(self.subtree())[1:]:
+            if node.state is NodeState.INIT:
+                node._detach()
 
     def _detach(self) -> None:
         self._uninstall_forward()
