@@ -9,7 +9,7 @@ style encoder that adds keys to its input dict, and a residual MLP. Per workload
 `OMP_NUM_THREADS=1`:
 
 1. the model is copied before the JIT is switched on (the copy stays plain torch);
-2. the JIT is switched on (`aitune_jit.switch.enable`, the env-var mode, with `jit_config.blocking`) and the
+2. the JIT is switched on (`aitune.torch.jit.enable`, the env-var mode, with `jit_config.blocking`) and the
    workload's step (a few calls with fixed inputs) is repeated until tuning has settled (no node records, and
    `QUIET_STEPS` steps in a row tuned nothing);
 3. `--rounds` rounds, each timing the same number of steps of the plain copy and of the JIT model (at least
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import common
+from benchmarks.probes.sibling_tuning import tuning_seconds
 
 TARGET = 0.97
 MAX_WARMUP_STEPS = 60
@@ -134,8 +135,7 @@ def unet() -> tuple[Any, Step]:
 def sentence_encoder() -> tuple[Any, Step]:
     import torch
 
-    sys.path.insert(0, str(common.REPO / "benchmarks" / "real_workloads"))
-    from workload import Pooling  # the workloads' sentence-transformers-style module
+    from benchmarks.real_workloads.workload import Pooling  # the workloads' sentence-transformers-style module
 
     generator = torch.Generator().manual_seed(1)
     ids = [torch.randint(0, 64, (2, n), generator=generator) for n in (6, 9, 7, 12)]
@@ -170,14 +170,13 @@ WORKLOADS: dict[str, Callable[[], tuple[Any, Step]]] = {
 
 
 @contextlib.contextmanager
-def _plain_torch() -> Iterator[None]:
-    """`torch.nn.Module.__call__` is torch's own for the duration (aitune's hook is put back afterwards)."""
+def _plain_torch(original: Any) -> Iterator[None]:
+    """`torch.nn.Module.__call__` is `original` (torch's own, taken before the JIT was switched on) for the
+    duration; aitune's hook is put back afterwards."""
     import torch
 
-    from aitune_jit import hook
-
     patched = torch.nn.Module.__call__
-    torch.nn.Module.__call__ = hook.original_call()
+    torch.nn.Module.__call__ = original
     try:
         yield
     finally:
@@ -195,58 +194,53 @@ def _timed(step: Step, model: Any, steps: int) -> list[float]:
 
 def _warm_up(step: Step, model: Any) -> tuple[int, float]:
     """Step the JIT model until tuning settled; (steps, seconds)."""
-    from aitune_jit.config import jit_config
-    from aitune_jit.patched_module import PatchedModule
-    from aitune_jit.state import NodeState
-    from aitune_jit.tuning_budget import budget
+    from aitune.torch import PatchedModule, jit_config
 
     # a graph whose later calls fall outside its tuned ranges is tuned again after `retune_after_misses` of them:
     # the warm-up lasts long enough for that to happen (a step has at least one such call)
     least = jit_config.retune_after_misses + QUIET_STEPS
     start, quiet, steps = time.perf_counter(), 0, 0
     while steps < MAX_WARMUP_STEPS and (quiet < QUIET_STEPS or steps < least):
-        before = (budget.spent_s, len(PatchedModule.history))
+        before = len(PatchedModule.history)
         step(model)
         steps += 1
-        recording = any(n.state in (NodeState.RECORDING, NodeState.INIT) for n in PatchedModule.walk())
-        quiet = quiet + 1 if (budget.spent_s, len(PatchedModule.history)) == before and not recording else 0
+        recording = any(n.state.name in ("RECORDING", "INIT") for n in PatchedModule.walk())
+        quiet = quiet + 1 if len(PatchedModule.history) == before and not recording else 0
     return steps, time.perf_counter() - start
 
 
 def child(name: str, rounds: int, steps: int, min_round_s: float) -> dict[str, Any]:
     import torch
 
-    from aitune_jit.config import jit_config
-    from aitune_jit.patched_module import PatchedModule
-    from aitune_jit.state import NodeState
-    from aitune_jit.switch import enable
-    from aitune_jit.tuning_budget import budget
+    from aitune.torch import PatchedModule, jit_config
+    from aitune.torch.jit import enable
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model, step = WORKLOADS[name]()
     plain = copy.deepcopy(model)
+    original_call = torch.nn.Module.__call__  # torch's own, before the JIT patches it
     jit_config.blocking = True
     with torch.no_grad():
         enable()
         warmup_steps, warmup_s = _warm_up(step, model)
-        with _plain_torch():
+        with _plain_torch(original_call):
             plain_step_s = statistics.median(_timed(step, plain, 3))
         steps = max(steps, math.ceil(min_round_s / max(plain_step_s, 1e-6)))
-        settled_spent = budget.spent_s
+        settled_events = len(PatchedModule.history)
         ratios, plain_all, jit_all = [], [], []
         retuned_rounds = 0
         for index in range(rounds):
-            spent = budget.spent_s
+            events = len(PatchedModule.history)
             sides = ("plain", "jit") if index % 2 == 0 else ("jit", "plain")
             measured: dict[str, list[float]] = {}
             for side in sides:
                 if side == "plain":
-                    with _plain_torch():
+                    with _plain_torch(original_call):
                         measured[side] = _timed(step, plain, steps)
                 else:
                     measured[side] = _timed(step, model, steps)
-            if budget.spent_s > spent:  # something was tuned during the round: not a steady state
+            if len(PatchedModule.history) > events:  # tuning happened during the round: not a steady state
                 retuned_rounds += 1
                 continue
             ratios.append(statistics.median(measured["plain"]) / statistics.median(measured["jit"]))
@@ -258,11 +252,12 @@ def child(name: str, rounds: int, steps: int, min_round_s: float) -> dict[str, A
         "ratio_spread": [round(min(ratios or [math.nan]), 4), round(max(ratios or [math.nan]), 4)],
         "plain_step_ms": round(1000 * statistics.median(plain_all), 3),
         "jit_step_ms": round(1000 * statistics.median(jit_all), 3), "rounds": rounds, "steps_per_round": steps,
-        "warmup_steps": warmup_steps, "warmup_s": round(warmup_s, 2), "tuning_s": round(budget.spent_s, 2),
-        "tuning_during_rounds_s": round(budget.spent_s - settled_spent, 2), "rounds_dropped": retuned_rounds,
-        "tuned": sorted(n.path for n in nodes if n.state is NodeState.TUNED),
+        "warmup_steps": warmup_steps, "warmup_s": round(warmup_s, 2),
+        "tuning_s": round(tuning_seconds(PatchedModule.history), 2),
+        "events_during_rounds": len(PatchedModule.history) - settled_events, "rounds_dropped": retuned_rounds,
+        "tuned": sorted(n.path for n in nodes if n.state.name == "TUNED"),
         "tuned_detail": [n.reports[-1].backend.describe() if n.reports else "" for n in nodes
-                         if n.state is NodeState.TUNED],
+                         if n.state.name == "TUNED"],
     }
 
 

@@ -16,14 +16,15 @@ Each case runs in a fresh process with empty aitune and Inductor caches (a cold 
 default strategy. The same inputs are called until no node records any more; time to tuned is the wall time of
 those calls (eager time included: it is tiny next to tuning). The cases are interleaved (1, 24, 1, 24, ...) and
 the medians are compared: target ratio (24 blocks / 1 block) <= 3 (issue 15, acceptance 5). Also reported: the
-seconds charged to tuning (`tuning_budget.budget.spent_s`), how many nodes ran the strategy, how many reused a
-decision, and how many ended tuned.
+seconds the tuning history reports (probes, strategy runs, reused builds), how many nodes ran the strategy, how
+many reused a decision, and how many ended tuned.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -39,6 +40,7 @@ HIDDEN, HEADS, KV_HEADS, FFN, VOCAB = 64, 4, 2, 128, 96
 BATCH, LENGTHS = 4, (32, 24)
 MAX_CALLS = 12
 TARGET_RATIO = 3.0
+_SECONDS = re.compile(r"(?:took|after|in) (\d+(?:\.\d+)?)s\b")
 
 
 def _config(blocks: int) -> Any:
@@ -96,21 +98,22 @@ def _model(scenario: str, blocks: int) -> tuple[Any, Any]:
 
 def _settled() -> bool:
     """No node records any more: every candidate was tuned or went eager."""
-    from aitune_jit.patched_module import PatchedModule
-    from aitune_jit.state import NodeState
+    from aitune.torch import PatchedModule
 
-    return not any(node.state in (NodeState.RECORDING, NodeState.INIT) for node in PatchedModule.walk())
+    return not any(node.state.name in ("RECORDING", "INIT") for node in PatchedModule.walk())
+
+
+def tuning_seconds(history: list[str]) -> float:
+    """The seconds the tuning history reports: graph-break probes, strategy runs, builds of reused decisions."""
+    return sum(float(m) for line in history for m in _SECONDS.findall(line))
 
 
 def child(scenario: str, blocks: int) -> dict[str, Any]:
     """One case in this (fresh) process: call until settled; what it cost and what tuning did."""
     import torch
 
-    from aitune_jit.config import jit_config
-    from aitune_jit.patched_module import PatchedModule
-    from aitune_jit.state import NodeState
-    from aitune_jit.switch import enable
-    from aitune_jit.tuning_budget import budget
+    from aitune.torch import PatchedModule, jit_config
+    from aitune.torch.jit import enable
 
     torch.set_num_threads(1)
     jit_config.blocking = True
@@ -132,13 +135,13 @@ def child(scenario: str, blocks: int) -> dict[str, Any]:
     nodes = list(PatchedModule.walk())
     return {
         "scenario": scenario, "blocks": blocks, "time_to_tuned_s": round(to_tuned, 3),
-        "tuning_s": round(budget.spent_s, 3), "calls": calls, "settled": _settled(),
+        "tuning_s": round(tuning_seconds(history), 3), "calls": calls, "settled": _settled(),
         "eager_call_ms": round(1000 * eager_call_s, 3),
         "strategy_runs": sum(1 for h in history if h.startswith("Tuning ")),
         "reused_decisions": sum(1 for h in history if "reused the decision of" in h),
         "graph_break_checks": sum(1 for h in history if "Checking took" in h),
-        "tuned_nodes": sum(1 for node in nodes if node.state is NodeState.TUNED),
-        "tuned": sorted({node.short.split()[0] for node in nodes if node.state is NodeState.TUNED}),
+        "tuned_nodes": sum(1 for node in nodes if node.state.name == "TUNED"),
+        "tuned": sorted({node.short.split()[0] for node in nodes if node.state.name == "TUNED"}),
     }
 
 

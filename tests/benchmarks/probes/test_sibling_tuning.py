@@ -32,3 +32,10 @@ def test_a_failed_case_is_reported_not_hidden(capsys):
     assert summary[1] == {"scenario": "root", "blocks": 24, "error": True}
     sibling_tuning._table(summary)
     assert "failed" in capsys.readouterr().out
+
+
+def test_tuning_seconds_add_up_what_the_history_reports():
+    history = ["No graph breaks in Block. Checking took 0.25s", "Tuning Block took 15.50s: TorchInductorBackend()",
+               "Block graph 0: reused the decision of M.blocks.0: X; built and validated in 0.50s",
+               "Tuning Head failed after 2s: NotFasterThanEagerError", "New child module: Linear"]
+    assert sibling_tuning.tuning_seconds(history) == 18.25
