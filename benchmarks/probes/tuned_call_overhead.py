@@ -35,6 +35,7 @@ import argparse
 import copy
 import json
 import logging
+import statistics
 
 import torch
 
@@ -153,6 +154,27 @@ def measure_jit(probe: _Probe, tuned: torch.nn.Module, args: argparse.Namespace)
         probe.measure("jit_compiled_mark_step_clone", _with_mark_step(inner, clone=True))
     # the hook once more, last: a difference from the first jit_hook row is a transient after tuning
     probe.measure("jit_hook_again", tuned)
+    if node.dispatcher is not None and node.dispatcher.watch is not None:
+        row.update(watch_cost(tuned, node.dispatcher, probe.batch, probe.device, probe.iters))
+
+
+def watch_cost(tuned: torch.nn.Module, dispatcher, batch: models.Batch, device: str, iters: int,
+               rounds: int = 6) -> dict[str, object]:
+    """What the dispatcher's change check (its `ModuleWatch`) adds to a whole tuned call through the hook:
+    alternating rounds with the watch and with it taken off the dispatcher for the round, median of the per-round
+    ratios (the watch is put back whatever happens)."""
+    watched, unwatched = [], []
+    saved = dispatcher._watch
+    for index in range(rounds):
+        for with_watch in ((True, False) if index % 2 == 0 else (False, True)):
+            dispatcher._watch = saved if with_watch else None
+            try:
+                (watched if with_watch else unwatched).append(median_ms(tuned, batch, device, iters))
+            finally:
+                dispatcher._watch = saved
+    ratios = sorted(w / u for w, u in zip(watched, unwatched, strict=True))
+    return {"jit_hook_watched_ms": statistics.median(watched), "jit_hook_unwatched_ms": statistics.median(unwatched),
+            "watch_cost_ratio": statistics.median(ratios), "watch_cost_ratios": ratios}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -156,6 +156,8 @@ class NodeTransitions:
         summary.forget(self)
         if reopen and self.is_open:
             self._open_children()
+        elif not reopen:
+            self._close_children()
 
     def _go_dry_run(self, message: str) -> None:
         """Dry run: log what tuning would do, keep the module as it is, and treat the subtree as covered."""
@@ -195,6 +197,13 @@ class NodeTransitions:
                 self._log(f"Recording child module: {child}")
             elif child.state is NodeState.SKIPPED and child.descend:
                 child._open_children()
+
+    def _close_children(self) -> None:
+        """Children waiting for this node (INIT) will never be candidates: on the fast path, like a tuned node's
+        subtree (otherwise they, and so this node and its ancestors, would take the hook's slow path forever)."""
+        for node in list(self.subtree())[1:]:
+            if node.state is NodeState.INIT:
+                node._detach()
 
     def _detach_subtree(self) -> None:
         for node in list(self.subtree())[1:]:

@@ -220,7 +220,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
             parent = self.parent
             if parent is not None and (
                 parent.state in (NodeState.TUNED, NodeState.DETACHED)
-                or (parent.state is NodeState.SKIPPED and not parent.descend)
+                or (parent.state in (NodeState.SKIPPED, NodeState.EAGER) and not parent.descend)
             ):
                 self._detach()
                 return

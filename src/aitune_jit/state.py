@@ -5,7 +5,8 @@
     TUNED 🎯      its forward runs through a validated backend (other graphs / shapes run eagerly)
     EAGER ⚠️      could not be tuned (graph break, every backend failed, none faster); children are candidates
     SKIPPED 🚫    excluded by configuration (skip_modules, min_parameters, max_depth_level, dry_run)
-    DETACHED ☑️   inside the subtree of a tuned node: unpatched, costs one lookup per call
+    DETACHED ☑️   inside the subtree of a tuned node (or of one whose children will never be candidates: a dry
+                 run, an eager node with its children closed): unpatched, costs one lookup per call
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ of its inputs). When tuning ends, the node applies the job's outcome (`TuningOut
 one step: the dispatcher is complete before the state says TUNED, so each call sees either the old or the new
 node, never half of it.
 
-- One worker per process, one job at a time (tuning never competes with itself for the device), nodes queued
-  in order. Each job runs on its own daemon thread, supervised: a job still running after
+- One worker per process, one job at a time (tuning never competes with itself for the device); of the queued
+  nodes, the one with the largest expected gain goes next (`tuning_order.py`; ties in queue order). Each job
+  runs on its own daemon thread, supervised: a job still running after
   `jit_config.tuning_timeout_s` is abandoned, its node stays eager (children closed), and the queue goes on;
   whatever the abandoned thread produces later is discarded (`abandoned()`).
 - The job (the node's `_tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
@@ -41,6 +42,7 @@ import torch
 
 from aitune_jit.config import jit_config
 from aitune_jit.outcome import TuningOutcome
+from aitune_jit.tuning_order import expected_gain, pick_next
 from aitune_jit.worker_courtesy import courteous
 
 if TYPE_CHECKING:
@@ -52,11 +54,12 @@ EXIT_WAIT_S = 5.0
 
 
 class _Job:
-    __slots__ = ("abandoned", "node_ref", "path", "started", "thread")
+    __slots__ = ("abandoned", "gain", "node_ref", "path", "started", "thread")
 
     def __init__(self, node: Any) -> None:
         self.node_ref = weakref.ref(node)
         self.path = node.path
+        self.gain = expected_gain(node)
         self.abandoned = False
         self.started: float | None = None
         self.thread: threading.Thread | None = None
@@ -145,7 +148,9 @@ class TuningWorker:
                     self._cond.wait()
                 if (self._stopping and not self._queue) or not threading.main_thread().is_alive():
                     return  # (at exit, `stop` reports and drops what is still queued)
-                job = self._queue.popleft()
+                index = pick_next([queued.gain for queued in self._queue])
+                job = self._queue[index]
+                del self._queue[index]
                 self._current = job
             try:
                 self._supervise(job)
@@ -164,6 +169,7 @@ class TuningWorker:
         thread = threading.Thread(target=self._job_body, args=(job,), name="aitune-tuning-job", daemon=True)
         job.thread = thread
         job.started = time.monotonic()
+        _live_jobs.add(job)
         thread.start()
         thread.join(jit_config.tuning_timeout_s)
         if thread.is_alive():
@@ -191,6 +197,7 @@ class TuningWorker:
             _logger.debug("tuning job of %s cancelled at exit", job.path)
         finally:
             _local.job = None
+            _live_jobs.discard(job)
 
 
 @contextlib.contextmanager
@@ -331,12 +338,23 @@ def unfinished_at_exit() -> list[str]:
     return list(_unfinished)
 
 
+#: job threads still running, abandoned ones (timed out) included: every one is cancelled at exit
+_live_jobs: set[_Job] = set()
+
+
 def _at_exit() -> None:
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for job in list(_live_jobs):  # abandoned (timed-out) jobs first: their threads may still be in torch
+        if job.abandoned:
+            _cancel(job)
     worker = _worker
     if worker is not None:
         for path in worker.stop(EXIT_WAIT_S):
             if path not in _unfinished:
                 _unfinished.append(path)
+    for job in list(_live_jobs):
+        if job.thread is not None:
+            job.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _after_fork_in_child() -> None:

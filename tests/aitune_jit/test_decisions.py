@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 import torch
 from jit_helpers import CountingBackend, RaisingBackend, make_mlp, run
@@ -150,3 +152,92 @@ def test_a_speed_verdict_is_shared_by_siblings_but_not_stored():
     assert NeverFaster.calls == 1
     assert sum("reused the decision of MLP.blocks.0)" in h for h in PatchedModule.history) == 2
     assert list(DecisionStore(jit_config.cache_dir).entries()) == []
+
+
+
+_fast = threading.local()
+
+
+class _SlowBlock(torch.nn.Module):
+    """Sleeps 2 ms per call unless `_FastBackend` runs it: a backend that deterministically wins a measurement."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not getattr(_fast, "on", False):
+            time.sleep(0.002)
+        return torch.relu(self.linear(x))
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self, blocks: int) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_SlowBlock() for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class _FastBackend(CountingBackend):
+    def _infer(self, *args, **kwargs):
+        _fast.on = True
+        try:
+            return super()._infer(*args, **kwargs)
+        finally:
+            _fast.on = False
+
+
+def _measured_tuning(monkeypatch, tmp_path, blocks: int) -> dict[str, int]:
+    """Tune a stack of `blocks` identical blocks (the root skipped) with a measuring strategy and the
+    graph-break probe on; what it cost in probes, measurements, strategy runs and builds."""
+    from aitune_core import profiling
+    from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
+
+    counts = {"measurements": 0}
+
+    def counted(function):
+        def wrapper(*args, **kwargs):
+            counts["measurements"] += 1
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(profiling, "profile", counted(profiling.profile))
+    monkeypatch.setattr(profiling, "compare", counted(profiling.compare))
+    jit_config.cache_dir = tmp_path / f"cache-{blocks}"  # a fresh process: nothing stored yet
+    jit_config.min_parameters = 0
+    jit_config.skip_modules = ["_Stack"]
+    jit_config.strategy = HighestThroughputStrategy(
+        [CountingBackend(), _FastBackend()], profile_at_recorded_shapes=True, min_speedup=1.2, warmup=1,
+        iterations=3, budget_s=0.05,
+    )
+    CountingBackend.reset_counts()
+    PatchedModule.clear_history()
+    decisions.reset()
+    model = _Stack(blocks).eval()
+    enable()
+    with torch.no_grad():
+        for batch in (2, 3, 4, 5):
+            model(torch.randn(batch, 8))
+    assert all(PatchedModule.of(block).state is NodeState.TUNED for block in model.blocks)
+    disable()
+    return {**counts, "builds": CountingBackend.builds, "strategy_runs": len(_tunings("_SlowBlock")),
+            "probes": sum(h.startswith(("No graph breaks in _SlowBlock", "Graph breaks in _SlowBlock"))
+                          for h in PatchedModule.history),
+            "reused": sum("reused the decision of _Stack.blocks.0:" in h for h in PatchedModule.history)}
+
+
+def test_a_sibling_reusing_a_decision_is_not_probed_or_measured_again(monkeypatch, tmp_path):
+    """The siblings of a measured block skip the graph-break probe, the losing candidate and every
+    measurement: 4 identical blocks cost the measurements of 1, plus one build of the chosen backend each."""
+    one = _measured_tuning(monkeypatch, tmp_path, blocks=1)
+    four = _measured_tuning(monkeypatch, tmp_path, blocks=4)
+    assert one["measurements"] > 0 and one["strategy_runs"] == 1 and one["probes"] == 1
+    assert one["builds"] == 2  # both candidates were built and measured for the first block
+    assert four["measurements"] == one["measurements"]
+    assert four["strategy_runs"] == 1 and four["probes"] == 1 and four["reused"] == 3
+    assert four["builds"] == one["builds"] + 3  # the siblings build the chosen backend only

@@ -280,3 +280,25 @@ def test_roots_of_modules_that_died_are_not_kept():
         for _ in range(50):
             torch.nn.Softmax(dim=-1)(torch.randn(2, 8))
     assert len(registry.root_refs) <= 3
+
+
+def test_the_subtree_of_a_node_closed_for_tuning_reaches_the_fast_path(eager_backend):
+    """A root that goes eager with its children closed (here: the tuning budget is spent) leaves children that
+    will never be candidates: they, and then the root, settle on the hook's fast path instead of taking its
+    slow path on every call."""
+    from aitune_jit.tuning_budget import budget
+
+    jit_config.tuning_budget_s = 0.0
+    budget.reset()
+    model = make_mlp(blocks=2)
+    reference = run(make_mlp(blocks=2), [2, 3, 4, 5, 6, 7])
+    enable()
+    outputs = run(model, [2, 3, 4, 5, 6, 7])
+    for out, ref in zip(outputs, reference):
+        torch.testing.assert_close(out, ref)
+    root = PatchedModule.of(model)
+    assert root.state is NodeState.EAGER and not root.descend
+    below = list(root.subtree())[1:]
+    assert below and all(node.state is NodeState.DETACHED for node in below)
+    assert all(node.fast for node in root.subtree())
+    assert CountingBackend.builds == 0

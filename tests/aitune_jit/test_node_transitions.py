@@ -53,11 +53,12 @@ def test_descend_sends_the_node_eager_and_its_children_become_candidates(recordi
     assert "MLP 📊2.4K stays eager: graph break: x" in PatchedModule.history
 
 
-def test_eager_keeps_the_children_waiting(recording):
+def test_eager_with_children_closed_puts_the_waiting_children_on_the_fast_path(recording):
     _model, node = recording
     node.apply(TuningOutcome.eager("too cheap", reopen=False))
     assert node.state is NodeState.EAGER and not node.descend
-    assert {child.state for child in node.children} == {NodeState.INIT}
+    assert {child.state for child in node.children} == {NodeState.DETACHED}  # never candidates: not waiting
+    assert all(child.fast for child in node.children)
 
 
 def test_dry_run_leaves_the_module_as_it_is_and_covers_the_subtree(recording):

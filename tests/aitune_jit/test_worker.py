@@ -123,6 +123,38 @@ def test_at_exit_a_running_job_is_cancelled_and_its_thread_ends_before_the_inter
     assert seen == ["cancelled"] and job.abandoned
 
 
+def test_at_exit_an_abandoned_job_still_running_is_cancelled_too(background):
+    """A timed-out job's thread keeps running after its node went eager; at exit it is cancelled like the current
+    one, so no thread is left inside torch when the interpreter finalizes."""
+    seen = []
+    tuning = worker.TuningWorker(lambda node: seen.append("started") or _spin(seen))
+    jit_config.tuning_timeout_s = 0.2
+    model = make_mlp()
+    enable()
+    run(model, [2])
+    earlier = set(worker._live_jobs)  # jobs of earlier tests still winding down
+    tuning.submit(PatchedModule.of(model))
+    assert tuning.wait(timeout=5)  # the supervisor gave up on it; its thread spins on
+    [job] = worker._live_jobs - earlier
+    assert job.abandoned and job.thread.is_alive()
+    saved = worker._worker
+    worker._worker = None
+    try:
+        worker._at_exit()
+    finally:
+        worker._worker = saved
+    assert not job.thread.is_alive() and seen == ["started", "cancelled"] and job not in worker._live_jobs
+
+
+def _spin(seen: list[str]) -> None:
+    try:
+        while True:
+            sum(range(100))
+    except worker.TuningCancelled:
+        seen.append("cancelled")
+        raise
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_without_the_parents_worker(background):
     model = make_mlp()

@@ -52,3 +52,28 @@ def test_python_profile_names_the_python_functions_of_the_profiled_calls():
     text = "\n".join(lines)
     assert "forward_under_test" in text
     assert any(line.split()[0] == "7" for line in lines if "forward_under_test" in line)
+
+
+def test_watch_cost_alternates_with_and_without_the_watch_and_puts_it_back():
+    import torch
+
+    from benchmarks.probes import tuned_call_overhead as tco
+    from benchmarks.suite import models
+
+    class _Dispatcher:
+        def __init__(self):
+            self._watch = "the watch"
+            self.seen = []
+
+    dispatcher = _Dispatcher()
+    linear = torch.nn.Linear(4, 4)
+
+    def tuned(x):
+        dispatcher.seen.append(dispatcher._watch)
+        return linear(x)
+
+    row = tco.watch_cost(tuned, dispatcher, models.Batch((torch.randn(2, 4),)), "cpu", iters=5, rounds=2)
+    assert dispatcher._watch == "the watch"
+    assert {"the watch", None} == set(dispatcher.seen)
+    assert len(row["watch_cost_ratios"]) == 2 and row["watch_cost_ratio"] > 0
+    assert row["jit_hook_watched_ms"] > 0 and row["jit_hook_unwatched_ms"] > 0
