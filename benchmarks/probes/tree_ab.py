@@ -1,0 +1,119 @@
+"""Is a tuned model served as fast by this tree as by an older one? Per-call latency, two source trees side by side.
+
+    git archive 45746b4 src | tar -x -C .ab/base          # the tree to compare with (only its src/ is needed)
+    python -m benchmarks.probes.tree_ab --base .ab/base --model resnet50 --batches 1 --device cuda
+
+For each round and each tree (the order flips every round), a fresh process puts that tree's `src/` first on
+`PYTHONPATH`, switches JIT tuning on through the public entry point (`import aitune.torch.jit.enable`, blocking
+tuning so the steady state is reached in the process), calls the model until every call is answered by a tuned
+root, then times `--iters` calls (wall clock, each synchronized: a served request) and reports their median.
+The served process imports nothing of aitune but the entry point, so any tree that has it can be measured.
+Reported: the median over rounds per tree and the median of the per-round ratios (this tree / base).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import common
+
+
+def serve(args: argparse.Namespace) -> int:
+    import aitune.torch.jit.enable  # the public zero-code entry point
+    from benchmarks.suite import models
+
+    device = torch.device(args.device)
+    built = models.build(args.model, args.batch)
+    module = built.module.to(device)
+    batch = built.make_inputs(0).to(device)
+    call = models.caller(module, device.type)
+    with torch.no_grad():
+        for _ in range(args.warmup):  # recording, tuning (blocking), the first tuned calls
+            call(batch)
+        latencies = []
+        for _ in range(args.iters):  # a served request: the call and its result on the device, synchronized
+            start = time.perf_counter()
+            call(batch)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            latencies.append(1e3 * (time.perf_counter() - start))
+    import aitune
+
+    Path(args.out).write_text(json.dumps({"median_ms": statistics.median(latencies), "aitune": aitune.__file__}))
+    return 0
+
+
+def _one(tree: Path, args: argparse.Namespace, batch: int, scratch: Path) -> float | None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AITUNE_JIT_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(tree.resolve() / "src"), str(common.REPO)]), AITUNE_JIT_BLOCKING="1",
+               AITUNE_JIT_CACHE_DIR=str(scratch / tree.name / "jit"))
+    out = scratch / "result.json"
+    command = [sys.executable, "-m", "benchmarks.probes.tree_ab", "--serve", "--model", args.model, "--device",
+               args.device, "--batch", str(batch), "--warmup", str(args.warmup), "--iters", str(args.iters),
+               "--out-serve", str(out)]
+    result = subprocess.run(command, env=env, cwd=common.REPO, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0 or not out.exists():
+        print(f"{tree}: exit {result.returncode}: {result.stderr[-800:]}", flush=True)
+        return None
+    data = json.loads(out.read_text())
+    if not Path(data["aitune"]).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"the process ran aitune from {data['aitune']}, not from {tree}")
+    return data["median_ms"]
+
+
+def drive(args: argparse.Namespace) -> int:
+    import tempfile
+
+    header = common.environment("tree_ab", args.device, args.git_commit)
+    trees = {"this": common.REPO, "base": Path(args.base)}
+    results = {**header, "model": args.model, "base": str(args.base), "batches": {}}
+    for batch in args.batches:
+        times: dict[str, list[float]] = {"this": [], "base": []}
+        ratios = []
+        with tempfile.TemporaryDirectory(prefix="aitune-ab-") as tmp:
+            for index in range(args.rounds):
+                order = ["this", "base"] if index % 2 == 0 else ["base", "this"]
+                got = {name: _one(trees[name], args, batch, Path(tmp)) for name in order}
+                for name, value in got.items():
+                    if value is not None:
+                        times[name].append(value)
+                if None not in got.values():
+                    ratios.append(got["this"] / got["base"])
+                print(f"batch {batch} round {index}: {got}", flush=True)
+        results["batches"][str(batch)] = {
+            "this_ms": times["this"], "base_ms": times["base"], "ratios": ratios,
+            "median_ratio_this_over_base": statistics.median(ratios) if ratios else None}
+        print(f"batch {batch}: this/base = {results['batches'][str(batch)]['median_ratio_this_over_base']}")
+    common.write_result(common.result_path(header, args.model, out=args.out), results)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.case_options(common.parser(__doc__.splitlines()[0]), model="resnet50", batches=[1], precision=None)
+    p.add_argument("--base", help="a folder holding the other tree's src/")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=60)
+    p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--out-serve", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.serve:
+        return serve(argparse.Namespace(**{**vars(args), "out": args.out_serve}))
+    if not args.base:
+        p.error("--base is required")
+    return drive(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
