@@ -67,11 +67,11 @@ def _inputs(model_name: str, module: torch.nn.Module, batch: int, seq: int, seed
     return {"x": torch.randn(batch, 3, size, size, generator=g)}
 
 
-def _shape(schedule: str, index: int, rng: torch.Generator) -> tuple[int, int]:
-    """(batch, sequence length) of request `index`."""
+def _shape(schedule: str, index: int, rng: torch.Generator, longest: int = 128) -> tuple[int, int]:
+    """(batch, sequence length) of request `index`; lengths stop at `longest` (a tiny BERT has 64 positions)."""
     if schedule == "mixed":
-        return (32 if index % 4 == 3 else 1), 128
-    return 8, int(torch.randint(32, 129, (1,), generator=rng))
+        return (32 if index % 4 == 3 else 1), min(128, longest)
+    return 8, int(torch.randint(32, min(128, longest) + 1, (1,), generator=rng))
 
 
 def _root_node(module: torch.nn.Module) -> Any:
@@ -146,6 +146,7 @@ def serve(options: argparse.Namespace) -> int:
     def call(kwargs: dict[str, Any]) -> Any:
         return target(kwargs["x"]) if positional else target(**kwargs)
 
+    longest = getattr(getattr(module, "config", None), "max_position_embeddings", 128)
     sampler = StallSampler(options.stall_ms / 1000)
     rng = torch.Generator().manual_seed(7)
     rows = []
@@ -153,7 +154,7 @@ def serve(options: argparse.Namespace) -> int:
     steady_from = None  # the first request after the root is tuned and the worker has nothing left to do
     with torch.no_grad():
         for index in range(options.requests):
-            batch, seq = _shape(options.schedule, index, rng)
+            batch, seq = _shape(options.schedule, index, rng, longest)
             kwargs = {k: v.to(device) for k, v in _inputs(options.model, module, batch, seq, index % 8).items()}
             begin = time.perf_counter()
             sampler.current = (index, begin)

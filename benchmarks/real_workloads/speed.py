@@ -57,20 +57,30 @@ def _run(name: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
                "--device", args.device]
     if name.startswith("compile:"):
         command += ["--compile", name.split(":", 1)[1]]
-    done = subprocess.run(command, env=_contender_env(name, scratch, args.cache_dir, args.fresh_cache),
-                          capture_output=True,
-                          text=True, timeout=args.timeout)
+    if args.until_tuned:
+        command += ["--until-tuned", str(args.until_tuned)]
+    try:
+        done = subprocess.run(command, env=_contender_env(name, scratch, args.cache_dir, args.fresh_cache),
+                              capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"contender": name, "returncode": None, "error": f"no result within {args.timeout}s"}
     if done.returncode != 0:
         return {"contender": name, "returncode": done.returncode, "stderr_tail": done.stderr[-3000:]}
     observed = torch.load(out)
-    return {"contender": name, "returncode": 0, **_timings(observed, args)}
+    row = {"contender": name, "returncode": 0, **_timings(observed, args)}
+    if name == "aitune-jit":  # the exit summary: what was tuned, what stayed eager, which blocks reused a decision
+        row["aitune_summary"] = [line for line in done.stderr.splitlines() if "aitune" in line or "  " in line][-60:]
+    return row
 
 
 def _timings(observed: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     times = list(observed.get("times") or [])
     per_result = int(observed.get("steps_per_image", 1))
     last = times[-per_result:] if args.workload == "unet" else times[-3:]
-    return {"first_result_s": sum(times[:per_result]), "wall_s": observed.get("wall_s"),
+    first = sum(times[:per_result])
+    # time-to-tuned: the JIT's worker went idle (background mode) or, for everything else, the first result
+    return {"first_result_s": first, "wall_s": observed.get("wall_s"),
+            "tuned_after_s": observed.get("tuned_after_s", first),
             "steady_call_ms": 1000 * statistics.median(last) if last else None, "calls": len(times)}
 
 
@@ -84,7 +94,8 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if name == "aitune-jit":
             continue
         ratios[name] = {"steady_speed_jit_over": row["steady_call_ms"] / jit["steady_call_ms"],
-                        "first_result_jit_over": jit["first_result_s"] / row["first_result_s"]}
+                        "first_result_jit_over": jit["first_result_s"] / row["first_result_s"],
+                        "tuned_after_jit_over": jit["tuned_after_s"] / row["tuned_after_s"]}
     return ratios
 
 
@@ -93,16 +104,18 @@ def _table(rows: list[dict[str, Any]], ratios: dict[str, Any], title: str) -> No
     from rich.table import Table
 
     table = Table(title=title)
-    for column in ("contender", "first result s", "steady ms/call", "run s", "JIT speed vs it", "JIT first / its"):
+    for column in ("contender", "first result s", "tuned after s", "steady ms/call", "run s", "JIT speed vs it",
+                   "JIT first / its", "JIT tuned / its"):
         table.add_column(column)
     for row in rows:
         if row.get("returncode") != 0:
-            table.add_row(row["contender"], "failed", "", "", "", "")
+            table.add_row(row["contender"], "failed", "", "", "", "", "", "")
             continue
         ratio = ratios.get(row["contender"], {})
-        table.add_row(row["contender"], f"{row['first_result_s']:.2f}", f"{row['steady_call_ms']:.2f}",
-                      f"{row['wall_s']:.1f}", f"{ratio['steady_speed_jit_over']:.2f}x" if ratio else "-",
-                      f"{ratio['first_result_jit_over']:.2f}x" if ratio else "-")
+        table.add_row(row["contender"], f"{row['first_result_s']:.2f}", f"{row['tuned_after_s']:.2f}",
+                      f"{row['steady_call_ms']:.2f}", f"{row['wall_s']:.1f}",
+                      *(f"{ratio[key]:.2f}x" if ratio else "-"
+                        for key in ("steady_speed_jit_over", "first_result_jit_over", "tuned_after_jit_over")))
     Console(width=140).print(table)
 
 
@@ -114,24 +127,29 @@ def main() -> int:
     parser.add_argument("--compile", nargs="*", default=["default"], help="torch.compile modes to compare with")
     parser.add_argument("--cache-dir", type=Path, default=None, help="TORCHINDUCTOR_CACHE_DIR for every contender")
     parser.add_argument("--fresh-cache", action="store_true", help="an empty Inductor cache per contender")
+    parser.add_argument("--until-tuned", type=float, default=0.0, metavar="SECONDS",
+                        help="each contender keeps going while aitune's background worker is busy, at most this long "
+                             "(the steady state is then the tuned one; see workload.py)")
     parser.add_argument("--git-commit", default=None)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     contenders = ["eager", "aitune-jit", *(f"compile:{mode}" for mode in args.compile)]
-    with tempfile.TemporaryDirectory(prefix="aitune-speed-") as scratch:
-        rows = [_run(name, args, Path(scratch)) for name in contenders]
-    ratios = _ratios(rows)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    _table(rows, ratios, f"{args.workload} ({args.size}) on {device}: JIT vs eager and torch.compile")
     now = dt.datetime.now(dt.timezone.utc)
-    result = {"benchmark": "real_workloads.speed", "date": now.isoformat(timespec="seconds"), "device": device,
-              "torch": torch.__version__, "git_commit": args.git_commit, "workload": args.workload,
-              "size": args.size, "fresh_cache": args.fresh_cache, "rows": rows, "ratios": ratios}
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
     out = args.out or RESULTS / f"real_workloads_speed-{slug}-{args.workload}-{now:%Y%m%dT%H%M%SZ}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="aitune-speed-") as scratch:
+        for name in contenders:  # the file is written after each contender: a run cut short keeps what it measured
+            rows.append(_run(name, args, Path(scratch)))
+            result = {"benchmark": "real_workloads.speed", "date": now.isoformat(timespec="seconds"),
+                      "device": device, "torch": torch.__version__, "git_commit": args.git_commit,
+                      "workload": args.workload, "size": args.size, "fresh_cache": args.fresh_cache,
+                      "until_tuned_s": args.until_tuned, "rows": rows, "ratios": _ratios(rows)}
+            out.write_text(json.dumps(result, indent=1, default=str))
+    _table(rows, _ratios(rows), f"{args.workload} ({args.size}) on {device}: JIT vs eager and torch.compile")
     print(f"results written to {out}")
     return 0 if all(row.get("returncode") == 0 for row in rows) else 1
 

@@ -1,6 +1,6 @@
 """Real third-party workloads as unmodified scripts (no aitune code here), tiny for CI or at real size on a GPU.
 
-    python workload.py WORKLOAD --out FILE [--size tiny|real] [--device cpu|cuda] [--calls N]
+    python workload.py WORKLOAD --out FILE [--size tiny|real] [--device cpu|cuda] [--until-tuned SECONDS]
 
 Builds the model from a config with random weights (no download), runs it the way users do (greedy
 `generate()` with the default DynamicCache, a DDIM denoising loop with classifier-free guidance, a module that
@@ -10,6 +10,11 @@ state of objects the program owns, plus the wall time of every call. `correctnes
 tests/aitune_jit/test_real_workloads.py (CPU) run it plainly and under
 `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` and compare the two files.
 
+`--until-tuned S` (gpt2, unet) is for speed measurements of background tuning: while aitune's background
+worker still has work (read from `aitune_jit.worker` when the env var loaded it; the script itself imports nothing
+of aitune), the script keeps producing results, for at most S seconds, then produces the configured number once
+more, so the last result is the steady state; `tuned_after_s` says when the worker went idle.
+
 Sizes: `tiny` is CI-sized (a few seconds on a 2-core CPU); `real` is GPT2Config() (124M) with prompts of 16/24/32
 tokens and an SD-1.5-shaped UNet2DConditionModel(sample_size=64, cross_attention_dim=768).
 """
@@ -18,8 +23,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -54,11 +60,37 @@ def _timed(device: str, fn: Callable[[], Any], times: list[float]) -> Any:
     return result
 
 
+#: `--until-tuned`: keep producing results for at most this long while aitune's background worker is busy
+UNTIL_TUNED_S = 0.0
+
+
+def _tuning_underway() -> bool:
+    """True while aitune's background worker has a job running or queued (False without aitune)."""
+    worker = sys.modules.get("aitune_jit.worker")
+    return worker is not None and bool(worker.pending())
+
+
+def _rounds(configured: int, clock: dict[str, float]) -> Iterator[int]:
+    """Round numbers: `configured` of them, then (with `--until-tuned`) more while tuning runs, then `configured`
+    again. Records in `clock` when the worker was first seen idle after the first rounds."""
+    start = time.perf_counter()
+    yield from range(configured)
+    if UNTIL_TUNED_S <= 0 or "aitune_jit.worker" not in sys.modules:
+        return
+    extra = configured
+    while _tuning_underway() and time.perf_counter() - start < UNTIL_TUNED_S:
+        yield extra
+        extra += 1
+    clock["tuned_after_s"] = time.perf_counter() - start
+    yield from range(extra, extra + configured)
+
+
 def _generate(model: Any, vocab: int, size: Size, device: str) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(1)
     tokens, scores, times = [], [], []
+    clock: dict[str, float] = {}
     with torch.no_grad():
-        for call in range(size.generate_calls):
+        for call in _rounds(size.generate_calls, clock):
             length = size.prompt_lengths[call % len(size.prompt_lengths)]
             ids = torch.randint(3, vocab, (1, length), generator=generator).to(device)
 
@@ -76,7 +108,7 @@ def _generate(model: Any, vocab: int, size: Size, device: str) -> dict[str, Any]
             out = _timed(device, run, times)
             tokens.append(out.sequences.cpu())
             scores.append(torch.stack([s.float().cpu() for s in out.scores]))
-    return {"tokens": tokens, "scores": scores, "times": times}
+    return {"tokens": tokens, "scores": scores, "times": times, **clock}
 
 
 def gpt2(size: Size, real: bool, device: str) -> dict[str, Any]:
@@ -242,8 +274,9 @@ def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = No
     side, channels = (64, 768) if real else (8, 32)
     text = torch.randn(2, 77 if real else 5, channels, generator=generator).to(device)
     calls, images, times = [], [], []
+    clock: dict[str, float] = {}
     with torch.no_grad():
-        for _image in range(size.images):
+        for _image in _rounds(size.images, clock):
             latents = torch.randn(1, 4, side, side, generator=generator).to(device)
             for t in scheduler.timesteps:
                 batch = torch.cat([latents] * 2)
@@ -253,7 +286,8 @@ def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = No
                 uncond, cond = out.sample.chunk(2)
                 latents = scheduler.step(uncond + 7.5 * (cond - uncond), t, latents).prev_sample
             images.append(latents.cpu())
-    return {"calls": calls, "images": images, "times": times, "text": text.cpu(), "steps_per_image": size.denoise_steps}
+    return {"calls": calls, "images": images, "times": times, "text": text.cpu(), "steps_per_image": size.denoise_steps,
+            **clock}
 
 
 WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
@@ -270,9 +304,11 @@ def main() -> None:
     parser.add_argument("--replay", default=None, help="unet: run the calls recorded in this result file again")
     parser.add_argument("--compile", default=None, choices=["default", "reduce-overhead", "max-autotune"],
                         help="gpt2/unet: wrap the model in torch.compile(mode=...) as a compile user would")
+    parser.add_argument("--until-tuned", type=float, default=0.0, metavar="SECONDS",
+                        help="gpt2/unet: keep going while aitune's background worker is busy, at most this long")
     args = parser.parse_args()
-    global COMPILE_MODE
-    COMPILE_MODE = args.compile
+    global COMPILE_MODE, UNTIL_TUNED_S
+    COMPILE_MODE, UNTIL_TUNED_S = args.compile, args.until_tuned
     torch.manual_seed(0)
     start = time.perf_counter()
     size, real = SIZES[args.size], args.size == "real"
