@@ -10,6 +10,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
   folder (and Inductor's cache under it): tuning runs on the background worker while requests are served;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
 - `jit-blocking`: `AITUNE_JIT_BLOCKING=1`, for the steady state of the old behaviour;
+- `compile-dynamic`: `torch.compile(model, dynamic=True)`, an empty Inductor cache (the reference for
+  variable-length workloads);
 - `compile-cold` / `compile-warm`: `torch.compile(model)` in the script, with an empty and then a filled
   Inductor cache: the first call's time is the reference for time-to-tuned.
 
@@ -51,7 +53,7 @@ WORKLOADS = {
             "bert-varlen": ("bert_base", "varlen")},
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
-CONTENDERS = ("eager", "jit-cold", "jit-warm", "jit-blocking", "compile-cold", "compile-warm")
+CONTENDERS = ("eager", "jit-cold", "jit-warm", "jit-blocking", "compile-cold", "compile-warm", "compile-dynamic")
 CHECK_SEEDS = (1000, 1001)
 #: frames kept per sampled stack (innermost last)
 STACK_DEPTH = 8
@@ -82,6 +84,21 @@ def _root_node(module: torch.nn.Module) -> Any:
 def _root_tuned(module: torch.nn.Module) -> bool:
     node = _root_node(module)
     return node is not None and node.state.value == "tuned"
+
+
+def _misses(module: torch.nn.Module) -> int:
+    """Calls the tuned root sent to the original module so far (its shapes outside the tuned ranges)."""
+    node = _root_node(module)
+    dispatcher = getattr(node, "_dispatcher", None) if node is not None else None
+    return int(getattr(dispatcher, "misses", 0))
+
+
+def _backends(module: torch.nn.Module) -> list[str]:
+    """The tuned root's backends with their graphs' ranges (empty without aitune or before tuning)."""
+    node = _root_node(module)
+    entries = getattr(node, "_entries", None) or []
+    ranges = [[(t.min_shape, t.max_shape) for t in spec.input_spec.tensors] for spec, _ in entries]
+    return [f"graph {spec.name}: {backend.describe()} over {r}" for (spec, backend), r in zip(entries, ranges)]
 
 
 def _worker_busy() -> bool:
@@ -140,7 +157,7 @@ def serve(options: argparse.Namespace) -> int:
 
     device = torch.device(options.device)
     module = models.build(options.model, 1).module.to(device)
-    target = torch.compile(module) if options.compile else module
+    target = torch.compile(module, dynamic=options.compile == "dynamic") if options.compile else module
     positional = "x" in _inputs(options.model, module, 1, 8, 0)
 
     def call(kwargs: dict[str, Any]) -> Any:
@@ -158,15 +175,17 @@ def serve(options: argparse.Namespace) -> int:
             kwargs = {k: v.to(device) for k, v in _inputs(options.model, module, batch, seq, index % 8).items()}
             begin = time.perf_counter()
             sampler.current = (index, begin)
+            misses = _misses(module)
             call(kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             latency = time.perf_counter() - begin
+            tuned_call = (_root_tuned(module) and _misses(module) == misses) or bool(options.compile)
             sampler.current = None
             tuned = _root_tuned(module) or bool(options.compile)
             busy = _worker_busy()
             rows.append({"t": begin - start, "latency_s": latency, "batch": batch, "seq": seq, "tuned": tuned,
-                         "tuning": busy or not tuned})
+                         "tuning": busy or not tuned, "served_tuned": tuned_call})
             if tuned and not busy and steady_from is None:
                 steady_from = index
             if steady_from is not None and index - steady_from >= options.after:
@@ -182,7 +201,7 @@ def serve(options: argparse.Namespace) -> int:
     slowest = sorted(sampler.samples, key=lambda i: -rows[i]["latency_s"] if i < len(rows) else 0)[:8]
     Path(options.out).write_text(json.dumps({
         "rows": rows, "root_state": node.state.value if node is not None else None,
-        "root_reason": node.reason if node is not None else None,
+        "root_reason": node.reason if node is not None else None, "backends": _backends(module),
         "stalls": [{"request": i, "latency_ms": 1e3 * rows[i]["latency_s"], "samples": sampler.samples[i]}
                    for i in slowest if i < len(rows)],
         "long_collections": sorted(sampler.collections, key=lambda c: -c["ms"])[:10],
@@ -199,8 +218,9 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
         env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_CACHE_DIR=str(jit_cache))
         if contender == "jit-blocking":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-blocking"), AITUNE_JIT_BLOCKING="1")
-    if contender.startswith("compile"):
-        env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / f"{model}-{schedule}-inductor")
+    if contender.startswith("compile"):  # compile-warm reuses compile-cold's cache; compile-dynamic has its own
+        suffix = "-dynamic" if contender == "compile-dynamic" else ""
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / f"{model}-{schedule}-inductor{suffix}")
     out, check = scratch / f"{contender}.json", scratch / f"{contender}.pt"
     # eager never switches: it serves as many requests as the others serve after their switch
     requests = args.after + 50 if contender == "eager" else args.requests
@@ -209,7 +229,7 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
                str(args.after), "--interval-ms", str(args.interval_ms), "--stall-ms", str(args.stall_ms),
                "--out", str(out), "--check-out", str(check)]
     if contender.startswith("compile"):
-        command.append("--compile")
+        command += ["--compile", "dynamic" if contender == "compile-dynamic" else "default"]
     began = time.perf_counter()
     try:
         result = subprocess.run(command, env=env, cwd=common.REPO, capture_output=True, text=True,
@@ -221,6 +241,7 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
     data = json.loads(out.read_text())  # written before exit: a crash at exit is reported, not hidden
     data["wall_s"] = time.perf_counter() - began
     data["stderr_lines"] = len(result.stderr.splitlines())
+    data["summary"] = [line for line in result.stderr.splitlines() if "aitune" in line or line.startswith("  ")][-40:]
     data["exit_status"] = result.returncode
     if result.returncode != 0:
         data["stderr_tail"] = result.stderr[-1000:]
@@ -256,7 +277,10 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
         "after_p50_ms": 1e3 * statistics.median(after[1:]) if len(after) > 1 else None,
         "after_max_ms": 1e3 * max(after[1:]) if len(after) > 1 else None,
     }
-    for key in ("stalls", "long_collections", "stderr_lines", "exit_status", "stderr_tail"):
+    later = rows[20:]
+    if later:  # calls a tuned backend answered, after the first 20 (variable shapes: the tuned ranges' coverage)
+        summary["served_tuned_after_20"] = sum(bool(r.get("served_tuned")) for r in later) / len(later)
+    for key in ("stalls", "long_collections", "stderr_lines", "exit_status", "stderr_tail", "backends", "summary"):
         if key in data:
             summary[key] = data[key]
     if eager is not None and "checks" in eager:
@@ -281,6 +305,8 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
                                                                   rows["compile-warm"].get("first_call_s")),
         "steady_background_over_blocking": _ratio(cold.get("after_p50_ms"), rows["jit-blocking"].get("after_p50_ms")),
         "steady_jit_over_compile": _ratio(cold.get("after_p50_ms"), rows["compile-cold"].get("after_p50_ms")),
+        "steady_blocking_over_compile_dynamic": _ratio(rows["jit-blocking"].get("after_p50_ms"),
+                                                       rows["compile-dynamic"].get("after_p50_ms")),
     }
 
 
@@ -298,7 +324,7 @@ def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, flo
 
     table = Table(title=f"{name}: latency while tuning runs (ms), time-to-tuned (s)")
     for column in ("contender", "tuned at s", "first call s", "during p50", "during p99", "during max",
-                   "after p50", "root", "max |diff|", "exit"):
+                   "after p50", "tuned share", "root", "max |diff|", "exit"):
         table.add_column(column, justify="left" if column in ("contender", "root") else "right")
     for contender in CONTENDERS:
         row = rows[contender]
@@ -307,7 +333,8 @@ def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, flo
             continue
         table.add_row(contender, _fmt(row["time_to_tuned_s"]), _fmt(row["first_call_s"]),
                       _fmt(row["during_p50_ms"]), _fmt(row["during_p99_ms"]), _fmt(row["during_max_ms"]),
-                      _fmt(row["after_p50_ms"], 3), str(row["root_state"] or ""),
+                      _fmt(row["after_p50_ms"], 3), _fmt(row.get("served_tuned_after_20")),
+                      str(row["root_state"] or ""),
                       _fmt(row.get("max_abs_diff_vs_eager"), 6) if "max_abs_diff_vs_eager" in row else "-",
                       str(row.get("exit_status", "")))
     console = Console()
@@ -337,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model")
     p.add_argument("--schedule", choices=["mixed", "varlen"], default="mixed")
-    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile", choices=["default", "dynamic"], default=None)
     p.add_argument("--check-out")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--models", choices=sorted(WORKLOADS), default="gpu")

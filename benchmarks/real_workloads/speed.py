@@ -130,11 +130,13 @@ def main() -> int:
     parser.add_argument("--until-tuned", type=float, default=0.0, metavar="SECONDS",
                         help="each contender keeps going while aitune's background worker is busy, at most this long "
                              "(the steady state is then the tuned one; see workload.py)")
+    parser.add_argument("--no-jit", action="store_true", help="eager and torch.compile only (a compile mode added to "
+                                                                   "an earlier run's file, with eager as the link)")
     parser.add_argument("--git-commit", default=None)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    contenders = ["eager", "aitune-jit", *(f"compile:{mode}" for mode in args.compile)]
+    contenders = ["eager", *([] if args.no_jit else ["aitune-jit"]), *(f"compile:{mode}" for mode in args.compile)]
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     now = dt.datetime.now(dt.timezone.utc)
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
