@@ -45,6 +45,8 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
 - `retune_after_misses` [8]: after this many calls of a tuned graph (same structure) fall outside its tuned shape
   ranges and run eagerly, the graph is tuned again over the ranges seen since (at most
   `range_growth.MAX_RETUNES` times per graph); 0 never re-tunes.
+- `range_headroom` [True]: a graph whose sizes varied is served over the powers of two around its recorded range
+  (recorded [35, 57] serves [32, 64]; `aitune_core.specs.range_headroom`); False: the recorded range only.
 - `tuning_budget_s` [None]: seconds this process may spend tuning in all; once spent, modules not tuned yet stay
   eager (the history says so). None: no limit.
 
@@ -291,6 +293,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "tuning_timeout_s": (lambda name, value: _optional_number(name, value, 0.001), lambda: 600.0, _env_optional_float),
     "retune_after_misses": (_non_negative_int, lambda: 8, _env_int),
     "tuning_budget_s": (_optional_number, lambda: None, _env_optional_float),
+    "range_headroom": (_bool, lambda: True, _env_bool),
 }
 
 
@@ -358,6 +361,7 @@ class JitConfig:
     tuning_timeout_s: float | None
     retune_after_misses: int
     tuning_budget_s: float | None
+    range_headroom: bool
 
     def __init__(self, *, read_env: bool = True, **options: Any) -> None:
         self.reset(read_env=read_env)

@@ -26,6 +26,7 @@ import torch
 from aitune_core.backends.module_watch import submodule_hooks
 from aitune_core.errors import NotFasterThanEagerError
 from aitune_core.module_info import module_device
+from aitune_core.specs.range_headroom import with_headroom
 from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit import decisions
@@ -135,7 +136,7 @@ def _tune_node(node: TuningNode) -> TuningOutcome:
     cfg.validate()  # invalid options fail here at the latest, with the option's name
     module = node.module
     recorder = node.recorder
-    graphs = node.ready_graphs()
+    graphs = [with_headroom(spec) if cfg.range_headroom else spec for spec in node.ready_graphs()]
     if module is None or recorder is None or not graphs:
         return TuningOutcome.unchanged()
     first = node.state is NodeState.RECORDING

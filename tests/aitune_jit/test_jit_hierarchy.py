@@ -40,8 +40,8 @@ def test_print_hierarchy_and_history_of_a_tuned_root(eager_backend):
     lines: list[str] = []
     PatchedModule.print_hierarchy(sink=lines.append)
     assert lines[0] == "JIT Tuning Hierarchy:"
-    # batches 4 and 5 fall outside the tuned range 2..3: run eagerly, counted
-    assert lines[1] == "├─ MLP 📊2.4K level=0🪜 state=tuned🎯 (CountingBackend) call_count=2 eager_fallbacks=2"
+    # recorded 2..3, served 2..4 (range headroom): batch 4 is served, batch 5 runs eagerly, counted
+    assert lines[1] == "├─ MLP 📊2.4K level=0🪜 state=tuned🎯 (CountingBackend) call_count=2 eager_fallbacks=1"
     assert lines[2] == "   ├─ Block 📊1.1K level=1🪜 state=detached☑️ call_count=2"
     assert lines[3] == "      ├─ Linear 📊1.1K level=2🪜 state=detached☑️ call_count=2"
     assert re.fullmatch(r"      ├─ ReLU 📊0 level=2🪜 state=detached☑️ call_count=2", lines[5])

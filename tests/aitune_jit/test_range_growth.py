@@ -80,3 +80,29 @@ def test_the_out_of_range_warning_is_shown_once_across_re_tunes(caplog):
     assert CountingBackend.builds >= 2
     warnings = [r for r in caplog.records if "does not match any tuned graph" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
+
+
+def test_headroom_serves_sizes_near_the_recorded_range_without_re_tuning():
+    _setup(after=3)
+    model = make_mlp()
+    enable()
+    for batch in (3, 5):  # recorded 3..5, served 2..8
+        _call(model, batch)
+    assert CountingBackend.builds == 1
+    served = CountingBackend.infers
+    for batch in (2, 7, 8):
+        out, x = _call(model, batch)
+        torch.testing.assert_close(out, type(model).forward(model, x))
+    assert CountingBackend.infers == served + 3 and PatchedModule.of(model).fallbacks == 0
+    _call(model, 9)  # beyond the power of two: the original module
+    assert PatchedModule.of(model).fallbacks == 1
+
+
+def test_without_headroom_only_the_recorded_range_is_served():
+    _setup(after=0)
+    jit_config.range_headroom = False
+    model = make_mlp()
+    enable()
+    for batch in (3, 5, 2, 7):
+        _call(model, batch)
+    assert PatchedModule.of(model).fallbacks == 2
