@@ -79,9 +79,15 @@ def _timings(observed: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     last = times[-per_result:] if args.workload == "unet" else times[-3:]
     first = sum(times[:per_result])
     # time-to-tuned: the JIT's worker went idle (background mode) or, for everything else, the first result
-    return {"first_result_s": first, "wall_s": observed.get("wall_s"),
-            "tuned_after_s": observed.get("tuned_after_s", first),
-            "steady_call_ms": 1000 * statistics.median(last) if last else None, "calls": len(times)}
+    row = {"first_result_s": first, "wall_s": observed.get("wall_s"),
+           "tuned_after_s": observed.get("tuned_after_s", first),
+           "steady_call_ms": 1000 * statistics.median(last) if last else None, "calls": len(times)}
+    counts = list(observed.get("new_tokens") or [])
+    if counts and last:  # generate may stop early at an EOS token: per generated token is what compares
+        per_token = [t / max(1, n) for t, n in zip(last, counts[-len(last):])]
+        row["steady_ms_per_token"] = 1000 * statistics.median(per_token)
+        row["last_new_tokens"] = counts[-len(last):]
+    return row
 
 
 def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -93,7 +99,8 @@ def _ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for name, row in by_name.items():
         if name == "aitune-jit":
             continue
-        ratios[name] = {"steady_speed_jit_over": row["steady_call_ms"] / jit["steady_call_ms"],
+        steady = "steady_ms_per_token" if "steady_ms_per_token" in row else "steady_call_ms"
+        ratios[name] = {"steady_speed_jit_over": row[steady] / jit[steady],
                         "first_result_jit_over": jit["first_result_s"] / row["first_result_s"],
                         "tuned_after_jit_over": jit["tuned_after_s"] / row["tuned_after_s"]}
     return ratios

@@ -86,13 +86,16 @@ def _rounds(configured: int, clock: dict[str, float]) -> Iterator[int]:
 
 
 def _generate(model: Any, vocab: int, size: Size, device: str) -> dict[str, Any]:
-    generator = torch.Generator().manual_seed(1)
-    tokens, scores, times = [], [], []
+    tokens, scores, times, new_tokens = [], [], [], []
     clock: dict[str, float] = {}
     with torch.no_grad():
         for call in _rounds(size.generate_calls, clock):
-            length = size.prompt_lengths[call % len(size.prompt_lengths)]
-            ids = torch.randint(3, vocab, (1, length), generator=generator).to(device)
+            # the prompt depends only on the call's place in the configured cycle: every contender's last calls
+            # (after `--until-tuned` rounds or not) generate from the same prompts, so their times compare
+            index = call % size.generate_calls
+            length = size.prompt_lengths[index % len(size.prompt_lengths)]
+            seeded = torch.Generator().manual_seed(1000 + index)
+            ids = torch.randint(3, vocab, (1, length), generator=seeded).to(device)
 
             def run(ids: torch.Tensor = ids) -> Any:
                 return model.generate(
@@ -107,8 +110,9 @@ def _generate(model: Any, vocab: int, size: Size, device: str) -> dict[str, Any]
 
             out = _timed(device, run, times)
             tokens.append(out.sequences.cpu())
+            new_tokens.append(int(out.sequences.shape[1]) - length)
             scores.append(torch.stack([s.float().cpu() for s in out.scores]))
-    return {"tokens": tokens, "scores": scores, "times": times, **clock}
+    return {"tokens": tokens, "scores": scores, "times": times, "new_tokens": new_tokens, **clock}
 
 
 def gpt2(size: Size, real: bool, device: str) -> dict[str, Any]:
