@@ -314,3 +314,29 @@ def test_cuda_graph_backend_leaves_the_users_cuda_graph_functions_alone(tmp_path
     torch.testing.assert_close(held, users._orig_mod(x), rtol=1e-3, atol=1e-3)
     assert settled - before <= 2, f"{settled - before} recordings while settling"
     assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] == settled, "graphs recorded on every call"
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + torch.relu(self.fc(x))
+
+
+def test_repeated_blocks_compile_as_regions_while_the_backend_is_active(tmp_path):
+    model = torch.nn.Sequential(*(_Layer() for _ in range(4))).eval()
+    original = _Layer.__dict__["forward"]
+    spec, data = record(model)
+    backend = TorchInductorBackend()
+    backend.build(model, spec, data, torch.device("cpu"), tmp_path)
+    assert _Layer.forward is not original  # marked while the compiled graph serves
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(backend.infer(x), model(x))
+    backend.deactivate()
+    assert _Layer.__dict__["forward"] is original
+    plain = TorchInductorBackend(TorchInductorBackendConfig(regions=False))
+    plain.build(model, spec, data, torch.device("cpu"), tmp_path)
+    assert _Layer.__dict__["forward"] is original

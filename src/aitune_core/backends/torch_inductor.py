@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
+from aitune_core.backends.compile_regions import CompileRegions
 from aitune_core.backends.isolated_entry import isolated_entry
 from aitune_core.log import get_logger
 from aitune_core.specs.binding import Binder
@@ -106,6 +107,8 @@ class TorchInductorBackendConfig(BackendConfig):
         autocast_dtype: `torch.float16` or `torch.bfloat16` (a string such as "torch.float16" is accepted, for
             configs read back from JSON); None means the device's autocast default (float16 on CUDA, bfloat16 on
             CPU).
+        regions: trace identical sibling blocks once, as nested compile regions (`compile_regions`); a compile
+            that fails with them is tried again without.
     """
 
     fullgraph: bool = False
@@ -114,6 +117,7 @@ class TorchInductorBackendConfig(BackendConfig):
     options: dict[str, Any] | None = None
     autocast_enabled: bool = False
     autocast_dtype: torch.dtype | None = None
+    regions: bool = True
 
     def __post_init__(self) -> None:
         if self.mode is not None and self.options is not None:
@@ -127,7 +131,7 @@ class TorchInductorBackendConfig(BackendConfig):
             )
         if self.options is not None and not isinstance(self.options, dict):
             raise ValueError(f"TorchInductorBackendConfig: options must be a dict, got {type(self.options).__name__}")
-        for name in ("fullgraph", "autocast_enabled"):
+        for name in ("fullgraph", "autocast_enabled", "regions"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TorchInductorBackendConfig: {name} must be a bool, got {getattr(self, name)!r}")
         if self.dynamic is not None and not isinstance(self.dynamic, bool):
@@ -203,6 +207,7 @@ class TorchInductorBackend(Backend):
         # (grad enabled, inference mode) states a dynamic graph was compiled for; see `_infer`
         self._compiled_modes: set[tuple[bool, bool]] = set()
         self._cudagraphs = False
+        self._regions: CompileRegions | None = None
 
     @property
     def config(self) -> TorchInductorBackendConfig:
@@ -345,9 +350,37 @@ class TorchInductorBackend(Backend):
         self._output_dtypes = [spec.dtype for spec in graph_spec.output_spec.tensors]
         self._marks = self._marks_for(graph_spec)
         self._cudagraphs = self.config.wants_cudagraphs and self._device is not None and self._device.type == "cuda"
+        self._mark_regions()
         self._compiled = self._compile()
-        device = self._device
         ordered = self._order_for_warmup(graph_spec, data)
+        try:
+            self._warm_up(ordered)
+        except Exception as exc:
+            if self._regions is None or not self._regions.blocks:
+                raise
+            _logger.info("%s: the compile with %d blocks as nested compile regions failed (%s); compiling without",
+                         self.describe(), self._regions.blocks, str(exc).splitlines()[0] if str(exc) else exc)
+            self._unmark_regions()
+            self._soft_marks = False
+            self._compiled = self._compile()
+            self._warm_up(ordered)
+        self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
+
+    def _mark_regions(self) -> None:
+        self._unmark_regions()
+        if self.config.regions and self._module is not None:
+            self._regions = CompileRegions.install(self._module)
+            if self._regions.blocks:
+                _logger.debug("%s: %d blocks in %d groups compile as nested regions", self.describe(),
+                              self._regions.blocks, self._regions.groups)
+
+    def _unmark_regions(self) -> None:
+        if self._regions is not None:
+            self._regions.remove()
+            self._regions = None
+
+    def _warm_up(self, ordered: list[Sample]) -> None:
+        device = self._device
         with torch.no_grad(), _raised_recompile_limit():
             for index, sample in enumerate(ordered):
                 args, kwargs = sample.inputs_to(device) if device is not None else (sample.args, sample.kwargs)
@@ -367,17 +400,18 @@ class TorchInductorBackend(Backend):
                     self._compiled = self._compile()
                     self._run(*self._marked_inputs(tuple(args), dict(kwargs), soft=True))
                 _logger.debug("%s: warm-up sample %d/%d done", self.describe(), index + 1, len(ordered))
-        self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
 
     def _activate(self) -> None:
         if self._module is None:
             raise RuntimeError(f"{self.name}: no module to compile (from_dict needs the original module)")
         self._cudagraphs = self.config.wants_cudagraphs and self._device is not None and self._device.type == "cuda"
+        self._mark_regions()
         self._compiled = self._compile()
         self._compiled_modes = set()
 
     def _deactivate(self) -> None:
         self._compiled = None
+        self._unmark_regions()
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())

@@ -1,0 +1,92 @@
+"""Compile regions: identical sibling blocks found, marked while a compile holds them, and left as they were."""
+
+import inspect
+
+import torch
+
+from aitune_core.backends.compile_regions import CompileRegions, repeated_groups
+
+
+class Block(torch.nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(width, width)
+        self.norm = torch.nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.fc(self.norm(x)))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, depth: int = 4) -> None:
+        super().__init__()
+        self.embed = Block(16)
+        self.layers = torch.nn.ModuleList(Block(16) for _ in range(depth))
+        self.odd = Block(16)
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))  # single layers: never grouped
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.odd(x)
+
+
+def test_identical_siblings_form_a_group_single_layers_and_pairs_do_not():
+    model = Stack()
+    groups = repeated_groups(model)
+    assert [len(g) for g in groups] == [4] and groups[0][0] is model.layers[0]
+    assert repeated_groups(Stack(depth=2)) == []  # below MIN_REPEATS
+    model.layers[1].fc = torch.nn.Linear(16, 16, bias=False)  # different parameters: not identical any more
+    assert [len(g) for g in repeated_groups(model)] == [3]
+
+
+def test_the_mark_keeps_eager_results_and_comes_off_symmetrically():
+    model = Stack().eval()
+    x = torch.randn(2, 16)
+    expected = model(x)
+    original = Block.__dict__["forward"]
+    first = CompileRegions.install(model)
+    second = CompileRegions.install(model)  # a second candidate of the same tuning run shares the mark
+    assert first.blocks == second.blocks == 4 and first.groups == 1
+    assert Block.forward is not original and hasattr(Block.forward, "__marked_compile_region_fn__")
+    assert inspect.signature(model.layers[0].forward) == inspect.signature(original.__get__(model.layers[0]))
+    torch.testing.assert_close(model(x), expected)
+    first.remove()
+    assert Block.forward is not original  # still held by the second
+    second.remove()
+    second.remove()  # idempotent
+    assert Block.__dict__["forward"] is original
+
+
+def test_an_inherited_forward_is_restored_by_removing_the_mark():
+    class Derived(Block):
+        pass
+
+    model = torch.nn.Sequential(*(Derived() for _ in range(3)))
+    regions = CompileRegions.install(model)
+    assert "forward" in Derived.__dict__
+    regions.remove()
+    assert "forward" not in Derived.__dict__ and Derived.forward is Block.forward
+
+
+def test_a_compiled_model_with_regions_matches_eager():
+    model = Stack().eval()
+    x = torch.randn(2, 16)
+    regions = CompileRegions.install(model)
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, backend="eager")(x), model(x))
+    finally:
+        regions.remove()
+
+
+def test_a_class_its_authors_marked_is_left_alone():
+    class Marked(Block):
+        pass
+
+    Marked.forward = torch.compiler.nested_compile_region(Block.forward)
+    authors = Marked.__dict__["forward"]
+    regions = CompileRegions.install(torch.nn.Sequential(*(Marked() for _ in range(3))))
+    assert regions.blocks == 0 and Marked.__dict__["forward"] is authors
+    regions.remove()
+    assert Marked.__dict__["forward"] is authors
