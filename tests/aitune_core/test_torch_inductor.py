@@ -340,3 +340,22 @@ def test_repeated_blocks_compile_as_regions_while_the_backend_is_active(tmp_path
     plain = TorchInductorBackend(TorchInductorBackendConfig(regions=False))
     plain.build(model, spec, data, torch.device("cpu"), tmp_path)
     assert _Layer.__dict__["forward"] is original
+
+
+def test_cuda_graph_modes_refuse_a_graph_whose_sequence_length_varies(tmp_path):
+    from aitune_core.backends.torch_inductor import _varying_sequence_axis
+    from aitune_core.recording.graph_recorder import GraphRecorder
+
+    model = _Layer().eval()
+    recorder = GraphRecorder(model)
+    with torch.no_grad():
+        for length in (5, 9):
+            x = torch.randn(2, length, 8)
+            recorder.record((x,), {}, model(x), batch_size=2)
+    spec = recorder.graph_specs[0]
+    assert "5..9" in _varying_sequence_axis(spec)
+    backend = TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead"))
+    with pytest.raises(BackendBuildError, match="CUDA graphs record one graph per size"):
+        backend.build(model, spec, recorder.samples(spec), torch.device("cuda"), tmp_path)
+    batch_only, _data = record(TinyMLP().eval())  # batch sizes vary, nothing else: CUDA graphs stay a candidate
+    assert _varying_sequence_axis(batch_only) is None
