@@ -48,7 +48,7 @@ def test_the_mark_keeps_eager_results_and_comes_off_symmetrically():
     first = CompileRegions.install(model)
     second = CompileRegions.install(model)  # a second candidate of the same tuning run shares the mark
     assert first.blocks == second.blocks == 4 and first.groups == 1
-    assert Block.forward is not original and hasattr(Block.forward, "__marked_compile_region_fn__")
+    assert Block.forward is not original and getattr(Block.forward, "__aitune_region__", False)
     assert inspect.signature(model.layers[0].forward) == inspect.signature(original.__get__(model.layers[0]))
     torch.testing.assert_close(model(x), expected)
     first.remove()
@@ -69,15 +69,35 @@ def test_an_inherited_forward_is_restored_by_removing_the_mark():
     assert "forward" not in Derived.__dict__ and Derived.forward is Block.forward
 
 
+def test_eager_calls_run_the_class_forward_even_while_another_thread_exports(monkeypatch):
+    model = Stack().eval()
+    x = torch.randn(2, 16)
+    expected = model(x)
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)  # torch's flag is process-wide
+    with CompileRegions.marked(model) as regions:
+        assert regions.blocks == 4
+        torch.testing.assert_close(model(x), expected)
+    assert not hasattr(Block.forward, "__aitune_region__")
+
+
+def test_a_scripted_block_class_is_never_marked():
+    model = torch.nn.Sequential(*(torch.jit.script(Block()) for _ in range(3)))
+    with CompileRegions.marked(model) as regions:
+        assert regions.blocks == 0
+
+
 def test_a_compiled_model_with_regions_matches_eager():
     model = Stack().eval()
     x = torch.randn(2, 16)
-    regions = CompileRegions.install(model)
-    try:
-        with torch.no_grad():
-            torch.testing.assert_close(torch.compile(model, backend="eager")(x), model(x))
-    finally:
-        regions.remove()
+    graphs = []
+
+    def capture(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    with torch.no_grad(), CompileRegions.marked(model):
+        torch.testing.assert_close(torch.compile(model, backend=capture)(x), model(x))
+    assert any("invoke_subgraph" in g.code for g in graphs)  # the layers were traced as one region
 
 
 def test_a_class_its_authors_marked_is_left_alone():

@@ -325,21 +325,56 @@ class _Layer(torch.nn.Module):
         return x + torch.relu(self.fc(x))
 
 
-def test_repeated_blocks_compile_as_regions_while_the_backend_is_active(tmp_path):
+def test_repeated_blocks_are_marked_only_while_the_backend_compiles(tmp_path, monkeypatch):
+    from aitune_core.backends import compile_regions
+
     model = torch.nn.Sequential(*(_Layer() for _ in range(4))).eval()
     original = _Layer.__dict__["forward"]
     spec, data = record(model)
+    seen = []
+    warm_up = TorchInductorBackend._warm_up
+
+    def watching(self, ordered):
+        seen.append(_Layer.__dict__["forward"] is not original)
+        return warm_up(self, ordered)
+
+    monkeypatch.setattr(TorchInductorBackend, "_warm_up", watching)
     backend = TorchInductorBackend()
     backend.build(model, spec, data, torch.device("cpu"), tmp_path)
-    assert _Layer.forward is not original  # marked while the compiled graph serves
+    assert seen == [True] and _Layer.__dict__["forward"] is original and not compile_regions._held
     x = torch.randn(3, 8)
     with torch.no_grad():
-        torch.testing.assert_close(backend.infer(x), model(x))
-    backend.deactivate()
-    assert _Layer.__dict__["forward"] is original
+        torch.testing.assert_close(backend.infer(x), model(x))  # serves without the mark, no recompile needed
     plain = TorchInductorBackend(TorchInductorBackendConfig(regions=False))
+    seen.clear()
     plain.build(model, spec, data, torch.device("cpu"), tmp_path)
-    assert _Layer.__dict__["forward"] is original
+    assert seen == [False]
+
+
+def test_a_compile_that_fails_with_regions_is_retried_without_and_remembers_it(tmp_path, monkeypatch):
+    model = torch.nn.Sequential(*(_Layer() for _ in range(4))).eval()
+    spec, data = record(model)
+    warm_up = TorchInductorBackend._warm_up
+    calls = []
+
+    def failing_with_regions(self, ordered):
+        calls.append(self._regions_off)
+        if not self._regions_off:
+            raise RuntimeError("exceeded maximum reuse entries of invoke_subgraph")
+        return warm_up(self, ordered)
+
+    monkeypatch.setattr(TorchInductorBackend, "_warm_up", failing_with_regions)
+    backend = TorchInductorBackend()
+    backend.build(model, spec, data, torch.device("cpu"), tmp_path)
+    assert calls == [False, True] and backend.to_dict()["regions_off"] is True
+
+    def failing_otherwise(self, ordered):
+        raise RuntimeError("a model error")
+
+    monkeypatch.setattr(TorchInductorBackend, "_warm_up", failing_otherwise)
+    with pytest.raises(BackendBuildError, match="a model error"):  # not a region's fault: no second compile
+        TorchInductorBackend().build(model, spec, data, torch.device("cpu"), tmp_path)
+    assert _Layer.__dict__["forward"].__name__ == "forward" and not hasattr(_Layer.forward, "__aitune_region__")
 
 
 def test_cuda_graph_modes_refuse_a_graph_whose_sequence_length_varies(tmp_path):

@@ -10,23 +10,29 @@ the module tree can opt in for the model, without changing its code:
 - `repeated_groups(module)`: direct children of one parent that share class, parameter and buffer names, shapes
   and dtypes, `MIN_REPEATS` or more of them (the layers of a ModuleList; the identical bottlenecks of a ResNet
   stage); only blocks with submodules of their own (a single layer is one kernel).
-- `CompileRegions.install(module)` marks the `forward` of those blocks' classes as a nested compile region - on
+- `CompileRegions.marked(module)` marks the `forward` of those blocks' classes for the length of a compile - on
   the class, the way torch documents it: marking single instances (a region function called with the module as an
   argument) made torch 2.13 reuse the first block's weights for its siblings in a small test, a wrong answer,
-  where the class-level mark is right. In eager mode the mark is a no-op call; `inspect.signature` still shows
-  the class's own. A class already marked by its authors is left alone. `remove()` restores the class.
+  where the class-level mark is right. The marked forward takes the region only inside dynamo's trace; every
+  eager call, of any thread, runs the class's own forward (a `torch.export` on another thread sets a process-wide
+  flag that would otherwise compile inside the region's eager path). The region keeps one variant per instance
+  (`max_reuse_entries`), so per-layer attributes such as `layer_idx` cannot exhaust it. Classes whose forward is
+  no plain function (scripted modules) or that their authors marked are left alone.
 
-The mark must stay while the compiled model serves (dynamo's guards check the function it traced), so the backend
-that compiled removes it when it is deactivated; holders are counted per class, so the candidates of one tuning
-run and several tuned models share it. While a class is marked, other compiles of it in the process (a user's own
-`torch.compile`) also trace it as a region - hierarchical compilation, which torch documents as safe. A compile
-that fails with regions is tried again without them by the backend.
+The mark is taken off when the compile is done: the compiled code does not guard on the class's forward, so the
+graph keeps serving without it (a later recompile, say for a new grad mode, traces without regions unless the
+backend marks again around it). While a class is marked, another compile of it in the process (a user's own
+`torch.compile` on another thread) also traces it as a region. Holds are counted per class, so concurrent
+compiles share the mark.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -35,7 +41,7 @@ import torch
 MIN_REPEATS = 3
 
 
-#: class -> [the forward it had (None: inherited), how many installs hold the mark]
+#: class -> [the forward it had (None: inherited), how many installs hold the mark, the marked forward]
 _held: dict[type, list[Any]] = {}
 _lock = threading.Lock()
 
@@ -72,25 +78,61 @@ def repeated_groups(module: torch.nn.Module, min_repeats: int = MIN_REPEATS) -> 
     return groups
 
 
-def _mark(cls: type) -> None:
-    own = cls.__dict__.get("forward")
-    forward = cls.forward
-    region = torch.compiler.nested_compile_region(forward)
-    functools.update_wrapper(region, forward)  # the signature the binder and transformers' checks read
-    _held[cls] = [own, 1]
-    cls.forward = region  # type: ignore[method-assign]
+def _reuse_entries(module: torch.nn.Module, block_class: type) -> int:
+    """Variants torch may keep of the region: at least one per instance of the class in the model (a per-layer
+    Python attribute such as `layer_idx` makes each layer a variant of its own; torch's default of 8 then fails
+    the compile)."""
+    return max(8, sum(1 for m in module.modules() if type(m) is block_class) + 1)
 
 
-def _unmark(cls: type) -> None:
-    own, _count = _held.pop(cls)
+def _region(forward: Callable[..., Any], reuse_entries: int) -> Callable[..., Any]:
+    def block(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:  # torch annotates this, not `forward`
+        return forward(self, *args, **kwargs)
+
+    try:
+        return torch.compiler.nested_compile_region(block, max_reuse_entries=reuse_entries)
+    except TypeError:  # torch without max_reuse_entries
+        return torch.compiler.nested_compile_region(block)
+
+
+def _mark(block_class: type, reuse_entries: int) -> None:
+    own = block_class.__dict__.get("forward")
+    forward = block_class.forward
+    region = _region(forward, reuse_entries)
+
+    def marked(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # only dynamo's trace takes the region; eager calls (of any thread, an export's included) run the forward
+        if torch.compiler.is_dynamo_compiling():
+            return region(self, *args, **kwargs)
+        return forward(self, *args, **kwargs)
+
+    functools.update_wrapper(marked, forward, updated=())  # name, doc and signature (`__wrapped__`) only
+    marked.__aitune_region__ = True  # type: ignore[attr-defined]
+    _held[block_class] = [own, 1, marked]
+    block_class.forward = marked  # type: ignore[method-assign]
+
+
+def _unmark(block_class: type) -> None:
+    own, _count, marked = _held.pop(block_class)
+    if block_class.__dict__.get("forward") is not marked:  # patched again since: leave it to whoever did
+        return
     if own is None:
-        delattr(cls, "forward")
+        delattr(block_class, "forward")
     else:
-        cls.forward = own  # type: ignore[method-assign]
+        block_class.forward = own  # type: ignore[method-assign]
 
 
-def _already_marked(cls: type) -> bool:
-    return cls not in _held and hasattr(cls.forward, "__marked_compile_region_fn__")
+def _markable(block_class: type) -> bool:
+    """A class whose forward is a plain function nobody marked (its authors, or torch.jit's scripted classes)."""
+    if block_class in _held:
+        return True
+    forward = getattr(block_class, "forward", None)
+    return (
+        inspect.isfunction(forward)
+        and not issubclass(block_class, torch.jit.ScriptModule)
+        and not hasattr(forward, "__marked_compile_region_fn__")
+        and not getattr(forward, "__aitune_region__", False)
+    )
 
 
 class CompileRegions:
@@ -102,28 +144,48 @@ class CompileRegions:
         self.blocks = blocks
 
     @classmethod
+    @contextlib.contextmanager
+    def marked(cls, module: torch.nn.Module, min_repeats: int = MIN_REPEATS) -> Iterator[CompileRegions]:
+        """The mark for the length of the block: a compile traces inside it."""
+        regions = cls.install(module, min_repeats)
+        try:
+            yield regions
+        finally:
+            regions.remove()
+
+    @classmethod
     def install(cls, module: torch.nn.Module, min_repeats: int = MIN_REPEATS) -> CompileRegions:
         """Mark the classes of `repeated_groups(module)`; an empty `CompileRegions` when there is none."""
         if getattr(torch.compiler, "nested_compile_region", None) is None:  # torch before 2.8
             return cls([], 0, 0)
-        groups = [g for g in repeated_groups(module, min_repeats) if not _already_marked(type(g[0]))]
-        classes = list(dict.fromkeys(type(g[0]) for g in groups))
+        groups = repeated_groups(module, min_repeats)
+        held: list[type] = []
         with _lock:
-            for block_class in classes:
-                if block_class in _held:
-                    _held[block_class][1] += 1
-                else:
-                    _mark(block_class)
-        return cls(classes, len(groups), sum(len(g) for g in groups))
+            groups = [g for g in groups if _markable(type(g[0]))]
+            try:
+                for block_class in dict.fromkeys(type(g[0]) for g in groups):
+                    if block_class in _held:
+                        _held[block_class][1] += 1
+                    else:
+                        _mark(block_class, _reuse_entries(module, block_class))
+                    held.append(block_class)
+            except BaseException:
+                _release(held)
+                raise
+        return cls(held, len(groups), sum(len(g) for g in groups))
 
     def remove(self) -> None:
         """Give the holds back; the last holder of a class restores it (idempotent)."""
         with _lock:
-            for block_class in self._classes:
-                held = _held.get(block_class)
-                if held is None:
-                    continue
-                held[1] -= 1
-                if held[1] <= 0:
-                    _unmark(block_class)
+            _release(self._classes)
             self._classes = []
+
+
+def _release(classes: list[type]) -> None:
+    for block_class in classes:
+        held = _held.get(block_class)
+        if held is None:
+            continue
+        held[1] -= 1
+        if held[1] <= 0:
+            _unmark(block_class)

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -175,10 +176,28 @@ def _raised_recompile_limit() -> Any:
     return contextlib.nullcontext()
 
 
+#: what torch's errors say when a nested compile region is at fault (the compile is then tried without regions)
+_REGION_ERROR_WORDS = ("invoke_subgraph", "compile_region", "HigherOrderOp", "reuse entries", "InvokeSubgraph")
+
+
+def _region_failure(exc: BaseException) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        text = f"{type(exc).__name__}: {exc}"
+        if any(word in text for word in _REGION_ERROR_WORDS):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
 def _varying_sequence_axis(graph_spec: GraphSpec) -> str | None:
-    """How a non-batch input axis of the graph varies (a sequence length), or None when only batch sizes do."""
+    """How a non-leading input axis of the graph varies (a sequence length), or None when only axis 0 does (the
+    batch, whatever name axis inference gave it: a 0-d input next to it makes it `dim0`)."""
     for spec in graph_spec.input_spec.tensors:
         for axis in spec.dynamic_axes():
+            if axis == 0:
+                continue
             low, high = spec.min_shape[axis], spec.max_shape[axis]
             if high > low:
                 return f"axis {axis} of {spec.name or 'an input'} takes {high - low + 1} sizes ({low}..{high})"
@@ -217,7 +236,7 @@ class TorchInductorBackend(Backend):
         # (grad enabled, inference mode) states a dynamic graph was compiled for; see `_infer`
         self._compiled_modes: set[tuple[bool, bool]] = set()
         self._cudagraphs = False
-        self._regions: CompileRegions | None = None
+        self._regions_off = False  # a compile with regions failed: this backend compiles without them
 
     @property
     def config(self) -> TorchInductorBackendConfig:
@@ -365,34 +384,37 @@ class TorchInductorBackend(Backend):
             raise ValueError(f"CUDA graphs record one graph per size, and {varying}: a graph this backend would "
                              "serve by recording again and again (on an H100, BERT at lengths 32..128 ran 2.4x "
                              "slower than Inductor without CUDA graphs)")
-        self._mark_regions()
+        self._regions_off = False
         self._compiled = self._compile()
         ordered = self._order_for_warmup(graph_spec, data)
+        used = 0
         try:
-            self._warm_up(ordered)
+            with self._regions_window() as used_blocks:
+                used = used_blocks
+                self._warm_up(ordered)
         except Exception as exc:
-            if self._regions is None or not self._regions.blocks:
+            if not used or not _region_failure(exc):
                 raise
             _logger.info("%s: the compile with %d blocks as nested compile regions failed (%s); compiling without",
-                         self.describe(), self._regions.blocks, str(exc).splitlines()[0] if str(exc) else exc)
-            self._unmark_regions()
+                         self.describe(), used, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self._regions_off = True
             self._soft_marks = False
             self._compiled = self._compile()
             self._warm_up(ordered)
         self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
 
-    def _mark_regions(self) -> None:
-        self._unmark_regions()
-        if self.config.regions and self._module is not None:
-            self._regions = CompileRegions.install(self._module)
-            if self._regions.blocks:
+    @contextlib.contextmanager
+    def _regions_window(self) -> Iterator[int]:
+        """Repeated blocks marked as nested compile regions while the block compiles (`compile_regions`); yields
+        how many blocks are marked."""
+        if not self.config.regions or self._regions_off or self._module is None:
+            yield 0
+            return
+        with CompileRegions.marked(self._module) as regions:
+            if regions.blocks:
                 _logger.debug("%s: %d blocks in %d groups compile as nested regions", self.describe(),
-                              self._regions.blocks, self._regions.groups)
-
-    def _unmark_regions(self) -> None:
-        if self._regions is not None:
-            self._regions.remove()
-            self._regions = None
+                              regions.blocks, regions.groups)
+            yield regions.blocks
 
     def _warm_up(self, ordered: list[Sample]) -> None:
         device = self._device
@@ -420,13 +442,11 @@ class TorchInductorBackend(Backend):
         if self._module is None:
             raise RuntimeError(f"{self.name}: no module to compile (from_dict needs the original module)")
         self._cudagraphs = self.config.wants_cudagraphs and self._device is not None and self._device.type == "cuda"
-        self._mark_regions()
         self._compiled = self._compile()
         self._compiled_modes = set()
 
     def _deactivate(self) -> None:
         self._compiled = None
-        self._unmark_regions()
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
@@ -436,7 +456,7 @@ class TorchInductorBackend(Backend):
             # compile is dynamic over the recorded range too: one compile per mode, not one per shape.
             self._compiled_modes.add(mode)
             args, kwargs = self._marked_inputs(args, kwargs, soft=self._soft_marks)
-            with _raised_recompile_limit():
+            with _raised_recompile_limit(), self._regions_window():
                 return self._run(args, kwargs)
         return self._run(args, kwargs)
 
@@ -447,6 +467,7 @@ class TorchInductorBackend(Backend):
             self.STATE_DYNAMIC_MARKS: [list(m) for m in self._marks],
             self.STATE_BINDER: self._binder.to_dict() if self._binder is not None else None,
             "soft_marks": self._soft_marks,
+            "regions_off": self._regions_off,
         }
 
     def _load_extra_state(self, module: torch.nn.Module | None, state_dict: dict[str, Any]) -> None:
@@ -457,5 +478,6 @@ class TorchInductorBackend(Backend):
         self._output_dtypes = [dtype_from_str(str(d)) for d in state_dict.get(self.STATE_OUTPUT_DTYPES, [])]
         self._marks = [tuple(int(v) for v in m) for m in state_dict.get(self.STATE_DYNAMIC_MARKS, [])]  # type: ignore[misc]
         self._soft_marks = bool(state_dict.get("soft_marks", False))
+        self._regions_off = bool(state_dict.get("regions_off", False))
         binder = state_dict.get(self.STATE_BINDER)
         self._binder = Binder.from_dict(binder) if binder is not None else None
