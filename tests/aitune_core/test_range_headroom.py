@@ -46,3 +46,25 @@ def test_a_varying_sequence_axis_is_served_over_its_power_of_two_bounds():
 def test_a_graph_that_never_varied_is_returned_unchanged():
     recorded = _spec([(8, 35), (8, 35)])
     assert with_headroom(recorded) is recorded
+
+
+def _linked_spec(second_length):
+    def linked(x, y):
+        return x.sum() + y.sum()
+
+    recorder = GraphRecorder(linked)
+    for length in (35, 57):
+        x, y = torch.ones(2, length), torch.ones(2, second_length(length))
+        recorder.record((x, y), {}, torch.ones(2, length), batch_size=2)
+    return recorder.graph_specs[0]
+
+
+def test_axes_that_vary_together_keep_their_relation():
+    spec = with_headroom(_linked_spec(lambda length: length + 1))  # a mask one longer than the input
+    x, y = spec.input_spec.tensors
+    assert (x.min_shape[1], x.max_shape[1]) == (32, 64) and (y.min_shape[1], y.max_shape[1]) == (33, 65)
+
+
+def test_axes_of_other_relations_stay_as_recorded():
+    recorded = _linked_spec(lambda length: 2 * length)
+    assert with_headroom(recorded) is recorded
