@@ -325,7 +325,9 @@ class _Layer(torch.nn.Module):
         return x + torch.relu(self.fc(x))
 
 
-def test_repeated_blocks_are_marked_only_while_the_backend_compiles(tmp_path, monkeypatch):
+def test_repeated_blocks_are_marked_while_the_backend_is_active(tmp_path, monkeypatch):
+    import gc
+
     from aitune_core.backends import compile_regions
 
     model = torch.nn.Sequential(*(_Layer() for _ in range(4))).eval()
@@ -341,10 +343,18 @@ def test_repeated_blocks_are_marked_only_while_the_backend_compiles(tmp_path, mo
     monkeypatch.setattr(TorchInductorBackend, "_warm_up", watching)
     backend = TorchInductorBackend()
     backend.build(model, spec, data, torch.device("cpu"), tmp_path)
-    assert seen == [True] and _Layer.__dict__["forward"] is original and not compile_regions._held
+    marked = _Layer.__dict__["forward"]
+    assert seen == [True] and marked is not original  # held while the compiled graph serves
     x = torch.randn(3, 8)
     with torch.no_grad():
-        torch.testing.assert_close(backend.infer(x), model(x))  # serves without the mark, no recompile needed
+        torch.testing.assert_close(backend.infer(x), model(x))
+    backend.deactivate()
+    assert _Layer.__dict__["forward"] is original
+    backend.activate()
+    assert _Layer.__dict__["forward"] is marked  # the same object: graphs that guard on it keep matching
+    del backend
+    gc.collect()  # a backend dropped without deactivation gives its hold back when it is garbage
+    assert _Layer.__dict__["forward"] is original and not compile_regions._held
     plain = TorchInductorBackend(TorchInductorBackendConfig(regions=False))
     seen.clear()
     plain.build(model, spec, data, torch.device("cpu"), tmp_path)

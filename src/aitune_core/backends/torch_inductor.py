@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -237,6 +236,7 @@ class TorchInductorBackend(Backend):
         self._compiled_modes: set[tuple[bool, bool]] = set()
         self._cudagraphs = False
         self._regions_off = False  # a compile with regions failed: this backend compiles without them
+        self._regions: CompileRegions | None = None  # the classes marked while this backend is active
 
     @property
     def config(self) -> TorchInductorBackendConfig:
@@ -385,36 +385,43 @@ class TorchInductorBackend(Backend):
                              "serve by recording again and again (on an H100, BERT at lengths 32..128 ran 2.4x "
                              "slower than Inductor without CUDA graphs)")
         self._regions_off = False
-        self._compiled = self._compile()
         ordered = self._order_for_warmup(graph_spec, data)
-        used = 0
         try:
-            with self._regions_window() as used_blocks:
-                used = used_blocks
-                self._warm_up(ordered)
-        except Exception as exc:
-            if not used or not _region_failure(exc):
-                raise
-            _logger.info("%s: the compile with %d blocks as nested compile regions failed (%s); compiling without",
-                         self.describe(), used, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            self._regions_off = True
-            self._soft_marks = False
+            used = self._mark_regions()
             self._compiled = self._compile()
-            self._warm_up(ordered)
+            try:
+                self._warm_up(ordered)
+            except Exception as exc:
+                if not used or not _region_failure(exc):
+                    raise
+                _logger.info("%s: the compile with %d blocks as nested compile regions failed (%s); compiling "
+                             "without", self.describe(), used, str(exc).splitlines()[0] if str(exc) else exc)
+                self._unmark_regions()
+                self._regions_off = True
+                self._soft_marks = False
+                self._compiled = self._compile()
+                self._warm_up(ordered)
+        except BaseException:
+            self._unmark_regions()  # a failed (or cancelled) build holds nothing
+            raise
         self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
 
-    @contextlib.contextmanager
-    def _regions_window(self) -> Iterator[int]:
-        """Repeated blocks marked as nested compile regions while the block compiles (`compile_regions`); yields
-        how many blocks are marked."""
+    def _mark_regions(self) -> int:
+        """Mark the repeated blocks as nested compile regions for as long as this backend is active (see
+        `compile_regions`); returns how many blocks are marked."""
+        self._unmark_regions()
         if not self.config.regions or self._regions_off or self._module is None:
-            yield 0
-            return
-        with CompileRegions.marked(self._module) as regions:
-            if regions.blocks:
-                _logger.debug("%s: %d blocks in %d groups compile as nested regions", self.describe(),
-                              regions.blocks, regions.groups)
-            yield regions.blocks
+            return 0
+        regions = self._regions = CompileRegions.install(self._module).held_by(self)
+        if regions.blocks:
+            _logger.debug("%s: %d blocks in %d groups compile as nested regions", self.describe(),
+                          regions.blocks, regions.groups)
+        return regions.blocks
+
+    def _unmark_regions(self) -> None:
+        if self._regions is not None:
+            self._regions.remove()
+            self._regions = None
 
     def _warm_up(self, ordered: list[Sample]) -> None:
         device = self._device
@@ -442,11 +449,13 @@ class TorchInductorBackend(Backend):
         if self._module is None:
             raise RuntimeError(f"{self.name}: no module to compile (from_dict needs the original module)")
         self._cudagraphs = self.config.wants_cudagraphs and self._device is not None and self._device.type == "cuda"
+        self._mark_regions()
         self._compiled = self._compile()
         self._compiled_modes = set()
 
     def _deactivate(self) -> None:
         self._compiled = None
+        self._unmark_regions()
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
@@ -456,7 +465,7 @@ class TorchInductorBackend(Backend):
             # compile is dynamic over the recorded range too: one compile per mode, not one per shape.
             self._compiled_modes.add(mode)
             args, kwargs = self._marked_inputs(args, kwargs, soft=self._soft_marks)
-            with _raised_recompile_limit(), self._regions_window():
+            with _raised_recompile_limit():
                 return self._run(args, kwargs)
         return self._run(args, kwargs)
 
