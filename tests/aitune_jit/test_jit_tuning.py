@@ -375,3 +375,48 @@ def test_keyword_tensor_calls_are_served_by_the_backend_after_tuning():
         assert CountingBackend.infers == infers + 2  # both keyword orders went to the backend
         model(input_ids=torch.randint(0, 50, (9, 7)), attention_mask=torch.ones(9, 7))  # batch 9: outside
         assert CountingBackend.infers == infers + 2  # ... so it ran eagerly
+
+
+class _Repeated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + torch.relu(self.fc(x))
+
+
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Repeated() for _ in range(3))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_switching_the_jit_off_gives_a_marked_block_class_back(tmp_path):
+    """A root compiled with its repeated blocks as compile regions holds their class's mark; once the JIT is off
+    and the tuned backend is gone, the class is as it was."""
+    import gc
+
+    from aitune_core.backends.torch_inductor import TorchInductorBackend
+    from aitune_core.strategies.one_backend import OneBackendStrategy
+    from aitune_jit.switch import disable
+
+    original = _Repeated.__dict__["forward"]
+    jit_config.min_parameters = 0
+    jit_config.cache_dir = tmp_path
+    jit_config.strategy = OneBackendStrategy(TorchInductorBackend())
+    model = _Stack().eval()
+    enable()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(4, 8))
+    assert PatchedModule.of(model).state is NodeState.TUNED, PatchedModule.history
+    assert getattr(_Repeated.forward, "__aitune_region__", False)
+    disable()
+    gc.collect()
+    assert _Repeated.__dict__["forward"] is original
