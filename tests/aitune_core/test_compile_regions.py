@@ -110,3 +110,21 @@ def test_a_class_its_authors_marked_is_left_alone():
     assert regions.blocks == 0 and Marked.__dict__["forward"] is authors
     regions.remove()
     assert Marked.__dict__["forward"] is authors
+
+
+def test_a_forward_replaced_after_the_mark_came_off_is_the_one_marked_next_time():
+    class Fresh(Block):
+        pass
+
+    model = torch.nn.Sequential(*(Fresh() for _ in range(3)))
+    with CompileRegions.marked(model):
+        pass
+
+    def replaced(self, x):
+        return x * 0
+
+    Fresh.forward = replaced
+    with CompileRegions.marked(model):
+        assert Fresh.forward.__wrapped__ is replaced
+        assert torch.equal(model(torch.ones(1, 16)), torch.zeros(1, 16))
+    assert Fresh.__dict__["forward"] is replaced

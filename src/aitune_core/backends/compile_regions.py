@@ -102,10 +102,10 @@ def _marked_form(block_class: type, reuse_entries: int) -> Callable[..., Any]:
     """The marked forward of a class, made once per process: a compiled graph may guard on the identity of the
     forward it traced (transformers' layers, whose `__call__` is their own, do), so marking the class again later
     must put back the same object."""
-    marked = _forms.get(block_class)
-    if marked is not None:
-        return marked
     forward = block_class.forward
+    marked = _forms.get(block_class)
+    if marked is not None and getattr(marked, "__wrapped__", None) is forward:
+        return marked  # (a class whose forward was replaced since gets a new form around the new forward)
     region = _region(forward, reuse_entries)
 
     def marked(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
