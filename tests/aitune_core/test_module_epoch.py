@@ -6,6 +6,7 @@ import gc
 
 import pytest
 import torch
+import torch._dynamo.testing
 from torch.utils.hooks import RemovableHandle
 
 from aitune_core.backends import module_epoch
@@ -72,3 +73,33 @@ def test_plain_attributes_do_not_move_the_epoch(patched):
     assert not _moved(lambda: setattr(net, "factor", 2.0))
     with torch.no_grad():
         assert not _moved(lambda: net.weight.mul_(2))  # in-place: version counters catch it (ModuleWatch)
+
+
+def test_a_module_built_inside_a_compiled_forward_moves_nothing_and_compiles_once(patched):
+    """transformers' LLaMA slices its ModuleList of layers on every call: traced, the bump would be a side effect
+    with a guard on the counter, and every call would compile again."""
+
+    class Sliced(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for layer in self.layers[:2]:
+                x = layer(x)
+            return x
+
+    model = Sliced().eval()
+    torch._dynamo.reset()
+    counts = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(model, backend=counts)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        compiled(x)
+        before = EPOCH.value
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model.layers[1](model.layers[0](x)))
+    assert counts.frame_count == 1
+    assert EPOCH.value == before
+    model(x)  # eagerly, the slice is a new module: that still counts
+    assert EPOCH.value > before

@@ -14,6 +14,10 @@ What bumps the epoch (each patch is one `_Patch` record holding the exact origin
 - `Module.__setattr__` of a Module, a Parameter or a registered buffer, `Module.__delattr__`, `add_module`,
   `register_module`, `register_parameter`, `register_buffer`.
 
+Nothing bumps while dynamo traces (`torch.compiler.is_compiling()`): a compiled forward that builds a temporary
+module (transformers' LLaMA slices its `ModuleList` of layers on every call) would otherwise carry the increment
+as a side effect and a guard on the counter's value, so every call of the compiled graph would compile it again.
+
 In-place edits of a tensor's values (`weight.mul_(0)`, `load_state_dict` without `assign`) do not go through
 any of these: the version counters of the tensors catch them (`ModuleWatch`), for the backends that need it.
 
@@ -72,13 +76,18 @@ _STRUCTURE_METHODS = ("__delattr__", "add_module", "register_module", "register_
 _GLOBAL_HOOK_FUNCTIONS = ("register_module_forward_hook", "register_module_forward_pre_hook")
 
 
+def _bump_unless_traced() -> None:
+    if not torch.compiler.is_compiling():  # see the module docstring
+        EPOCH.value += 1
+
+
 def _bumping(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def method(*args: Any, **kwargs: Any) -> Any:
         try:
             return original(*args, **kwargs)
         finally:
-            EPOCH.value += 1
+            _bump_unless_traced()
 
     return method
 
@@ -87,7 +96,7 @@ def _train(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def train(self: torch.nn.Module, mode: bool = True) -> Any:
         if self.__dict__.get("training") is not mode:  # `model.eval()` before every request costs nothing
-            EPOCH.value += 1
+            _bump_unless_traced()
         return original(self, mode)
 
     return train
@@ -105,7 +114,7 @@ def _setattr(original: Callable[..., Any]) -> Callable[..., Any]:
             isinstance(value, tensor_type)
             and (isinstance(value, torch.nn.Parameter) or name in state.get("_buffers", ()))
         ) or (value is None and (name in state.get("_modules", ()) or name in state.get("_parameters", ()))):
-            EPOCH.value += 1
+            _bump_unless_traced()
         original(self, name, value)
 
     return __setattr__
