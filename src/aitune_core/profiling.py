@@ -105,6 +105,33 @@ def _resolve_device(device: torch.device | str | None, args: Sequence[Any], kwar
     return torch.device("cpu")
 
 
+class FreshInputs:
+    """`fn` called on new inputs each time, for a call that changes its arguments (a decoder appending to its KV
+    cache): timed on the same objects again and again, it would run on an ever longer cache. `make()` gives
+    `(args, kwargs)`; the timing loops here call `prepare()` before each timed call, so the copy is not timed
+    (on CUDA its work is queued before the start event); the arguments a caller passes are ignored."""
+
+    def __init__(self, fn: Callable[..., Any], make: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]) -> None:
+        self.fn, self.make = fn, make
+        self._next: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    def prepare(self) -> None:
+        self._next = self.make()
+
+    def __call__(self, *_args: Any, **_kwargs: Any) -> Any:
+        args, kwargs = self._next if self._next is not None else self.make()
+        self._next = None
+        return self.fn(*args, **kwargs)
+
+
+def _preparer(fn: Callable[..., Any]) -> Callable[[], None]:
+    return getattr(fn, "prepare", None) or _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
 def measure_all(
     fn: Callable[..., Any],
     args: Sequence[Any] = (),
@@ -125,6 +152,7 @@ def measure_all(
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     cuda = dev.type == "cuda" and torch.cuda.is_available()
+    prepare = _preparer(fn)
 
     with torch.no_grad():
         for _ in range(max(warmup, 0)):
@@ -138,6 +166,7 @@ def measure_all(
                     len(events) < iterations or time.perf_counter() - start_wall < min_time_s
                 ):
                     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    prepare()
                     begin.record()
                     fn(*args, **kwargs)
                     end.record()
@@ -151,6 +180,7 @@ def measure_all(
         while len(latencies) < settings.max_iterations and (
             len(latencies) < iterations or time.perf_counter() - start_wall < min_time_s
         ):
+            prepare()
             t0 = time.perf_counter()
             fn(*args, **kwargs)
             latencies.append((time.perf_counter() - t0) * 1000.0)
@@ -220,10 +250,12 @@ class Comparison:
 def _timed_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], count: int,
                  cuda: bool) -> list[float]:
     """Latencies (ms) of `count` calls; on CUDA bracketed by events and synchronized once at the end."""
+    prepare = _preparer(fn)
     if cuda:
         events = []
         for _ in range(count):
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            prepare()
             begin.record()
             fn(*args, **kwargs)
             end.record()
@@ -232,6 +264,7 @@ def _timed_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
         return [b.elapsed_time(e) for b, e in events]
     latencies = []
     for _ in range(count):
+        prepare()
         t0 = time.perf_counter()
         fn(*args, **kwargs)
         latencies.append((time.perf_counter() - t0) * 1000.0)

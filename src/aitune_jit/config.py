@@ -47,6 +47,9 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
   `range_growth.MAX_RETUNES` times per graph); 0 never re-tunes.
 - `range_headroom` [True]: a graph whose sizes varied is served over the powers of two around its recorded range
   (recorded [35, 57] serves [32, 64]; `aitune_core.specs.range_headroom`); False: the recorded range only.
+- `stateful_calls` [True]: a module whose forward changes its arguments (a decoder appending to its KV cache) is
+  recorded on copies of its arguments taken before each call and tuned, its backends validated on the state each
+  call leaves behind (`aitune_core.recording.sample`); False: such a module stays eager.
 - `tuning_budget_s` [None]: seconds this process may spend tuning in all; once spent, modules not tuned yet stay
   eager (the history says so). None: no limit.
 
@@ -294,6 +297,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "retune_after_misses": (_non_negative_int, lambda: 8, _env_int),
     "tuning_budget_s": (_optional_number, lambda: None, _env_optional_float),
     "range_headroom": (_bool, lambda: True, _env_bool),
+    "stateful_calls": (_bool, lambda: True, _env_bool),
 }
 
 
@@ -362,6 +366,7 @@ class JitConfig:
     retune_after_misses: int
     tuning_budget_s: float | None
     range_headroom: bool
+    stateful_calls: bool
 
     def __init__(self, *, read_env: bool = True, **options: Any) -> None:
         self.reset(read_env=read_env)

@@ -1,10 +1,16 @@
 """`NodeRecording`: how a JIT node records its module's calls (a mixin of `PatchedModule`).
 
 Why a file of its own: recording is the part of a node that must never change what the program computes, and
-the most subtle one - calls are recorded as the forward received them (`ArgumentWatch`), a forward that changes
-its arguments makes the node not replayable, only inference calls are recorded, and any failure inside aitune
-while recording ends the node's tuning instead of the user's call. The node's state, transitions and dispatch
-live in `patched_module.py`.
+the most subtle one - calls are recorded as the forward received them (`ArgumentWatch`), only inference calls are
+recorded, and any failure inside aitune while recording ends the node's tuning instead of the user's call.
+
+A forward that changes its arguments (a decoder appending to the KV cache the caller passed) makes the node
+*stateful* (`jit_config.stateful_calls`): the call that shows it is not recorded (its arguments were not copied
+before it ran), and every later recorded call first copies its arguments (`owned_inputs`) and then records the
+copy with the state the forward left behind (`GraphRecorder.record(after=...)`), so tuning replays the call as it
+was and validation compares what a backend leaves in the arguments. Without the option, or when the arguments
+cannot be copied, the node is not replayable and stays eager. The node's state, transitions and dispatch live in
+`patched_module.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aitune_core.errors import NotReplayableError
 from aitune_core.recording.argument_watch import ArgumentWatch
+from aitune_core.recording.sample import owned_inputs
 from aitune_jit.config import jit_config
 from aitune_jit.state import NodeState
 
@@ -35,9 +43,10 @@ class NodeRecording:
         """Run the original forward and record the call: inputs as they were before it ran, and whether it
         changed them (a forward that changes its arguments cannot be replayed for tuning)."""
         watch = self._watch(args, kwargs)
+        before = self._copy_before(args, kwargs) if self._stateful else None
         output = forward(*args, **kwargs)
         try:
-            self._record(args, kwargs, output, watch)
+            self._record(args, kwargs, output, watch, before)
             if self._pending:
                 self._try_tune()
         except Exception as exc:  # aitune's own failure: never the user's call
@@ -52,6 +61,19 @@ class NodeRecording:
         except Exception as exc:
             _logger.debug("%s: cannot watch the arguments of this call (%r)", self.path, exc)
             return None
+
+    def _copy_before(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | Exception | None:
+        """A stateful node's copy of the arguments before its forward changes them (None when this call will not
+        be recorded; the exception when they cannot be copied, handled after the call)."""
+        if self._recorder is None or self._tuning:
+            return None
+        try:
+            return owned_inputs(args, kwargs)
+        except NotReplayableError as exc:
+            return exc
+        except Exception as exc:
+            _logger.debug("%s: cannot copy the arguments of this call", self.path, exc_info=True)
+            return NotReplayableError(f"its arguments cannot be copied ({type(exc).__name__}: {exc})")
 
     def _internal_error(self, stage: str, exc: Exception) -> None:
         """A bug or an unexpected failure inside aitune while `stage` ran: the node stops being tuned (its calls run
@@ -91,18 +113,30 @@ class NodeRecording:
             return False
         return True
 
-    def _record(self, args: tuple, kwargs: dict, output: Any, watch: ArgumentWatch | None = None) -> None:
+    def _record(
+        self,
+        args: tuple,
+        kwargs: dict,
+        output: Any,
+        watch: ArgumentWatch | None = None,
+        before: tuple[tuple, dict] | Exception | None = None,
+    ) -> None:
         recorder = self._recorder
         if recorder is None or self._tuning:  # the worker reads the recorder now; this call stays eager
             return
+        after = None
         if watch is not None:
             changed = watch.changes()
-            if changed is not None:
-                self._not_replayable(f"its forward changes {changed}, so its calls cannot be replayed for tuning")
+            if changed is not None and not isinstance(before, tuple):
+                self._become_stateful(changed, before)
                 return
-            args, kwargs = watch.args, watch.kwargs  # as the forward received them
+            if changed is not None:
+                after = (args, kwargs)  # the caller's containers and objects, as the forward left them
+                args, kwargs = before  # type: ignore[misc]
+            else:
+                args, kwargs = watch.args, watch.kwargs  # as the forward received them
         try:
-            spec = recorder.record(args, kwargs, output)
+            spec = recorder.record(args, kwargs, output, after=after)
         except Exception as exc:
             reason = f"its calls cannot be recorded ({type(exc).__name__}: {exc})"
             _logger.debug("Recording %s failed", self.path, exc_info=True)
@@ -113,6 +147,10 @@ class NodeRecording:
                 self._note_once("record", f"{self.short}: new graphs are not tuned: {reason}", logging.WARNING)
             return
         if spec is None:  # beyond config.max_num_graphs: the recorder warned once
+            return
+        if self._stateful and _never_repeats(recorder):
+            self._not_replayable(f"{self._stateful}, and the state it changes has a new layout on every call "
+                                 f"({recorder.total_calls} calls, each a graph of its own)")
             return
         name = spec.name
         if name in self._failed:
@@ -135,6 +173,22 @@ class NodeRecording:
             return
         self._pending = True
 
+    def _become_stateful(self, changed: str, failure: Exception | None) -> None:
+        """The forward changed its arguments in a call recorded without a copy taken before it: from the next call
+        on, arguments are copied before each recorded call (see the module docstring), or the node is not
+        replayable."""
+        cause = f"its forward changes {changed}"
+        if not jit_config.stateful_calls:
+            self._not_replayable(f"{cause}, so its calls cannot be replayed for tuning (jit_config.stateful_calls "
+                                 "is off)")
+        elif failure is not None:
+            self._not_replayable(f"{cause}, and {failure}")
+        elif not self._stateful:
+            self._stateful = cause
+            self._note_once("stateful", f"{self.short}: {cause}; its calls are recorded on copies of their "
+                                        "arguments taken before each call, and backends are validated on the state "
+                                        "each call leaves behind")
+
     def _not_replayable(self, reason: str) -> None:
         """Recorded calls cannot be replayed: a RECORDING node stays eager (its children become candidates); a TUNED
         node keeps its tuned graphs but records no new ones."""
@@ -143,6 +197,16 @@ class NodeRecording:
         else:
             self._recorder = None
             self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
+
+
+#: a stateful node whose first recorded calls each made a graph of their own (a list argument that grows by one
+#: item per call) stays eager after this many: its graphs would never have two samples
+NEW_LAYOUT_CALLS = 4
+
+
+def _never_repeats(recorder: GraphRecorder) -> bool:
+    calls = recorder.total_calls
+    return calls >= NEW_LAYOUT_CALLS and len(recorder.graph_specs) == calls
 
 
 def missing_for_tuning(recorder: GraphRecorder, spec: GraphSpec) -> str | None:

@@ -80,6 +80,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         "_recorder",
         "_slot",
         "_started",
+        "_stateful",
         "_trainable",
         "_tune_lock",
         "_tuning",
@@ -124,6 +125,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         self._checked_graphs: set[str] = set()
         self._pending = False
         self._tuning = False
+        self._stateful: str | None = None  # what its forward changes in its arguments (node_recording.py)
         self._quiet = 0
         self._proxy: torch.nn.Module | None = None
         self._child_names: dict[int, str] | None = None

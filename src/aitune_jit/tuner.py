@@ -99,14 +99,19 @@ def _deliver(outcome: TuningOutcome) -> TuningOutcome:
 
 
 def _uncomparable_output(samples: dict[str, list[Sample]]) -> str | None:
-    """The first recorded output object validation could never accept (no `==` of its own): found before any
-    compile, instead of after one."""
+    """The first recorded output object validation could never accept (no `==` of its own, and not one of the
+    call's own argument objects): found before any compile, instead of after one."""
     from aitune_core.specs.tree import flatten
+    from aitune_core.validation.private_inputs import argument_state
 
     for graph_samples in samples.values():
         for sample in graph_samples[:1]:
+            arguments = {id(obj) for obj in argument_state(sample.inputs_after).objects.values()} if (
+                sample.inputs_after is not None) else set()
             for locator, leaf in flatten(sample.output)[0]:
                 if isinstance(leaf, torch.Tensor) or leaf is None or isinstance(leaf, _SIMPLE_OUTPUTS):
+                    continue
+                if id(leaf) in arguments:  # a stateful call's cache, returned: validated as the state it left
                     continue
                 if type(leaf).__eq__ is object.__eq__:
                     where = f"output{locator}" if locator else "output"
@@ -175,8 +180,8 @@ def _tune_node(node: TuningNode) -> TuningOutcome:
                 if spec.name in node.checked_graphs:
                     continue
                 draft.checked.add(spec.name)
-                sample = samples[spec.name][0]
-                report = find_graph_breaks(proxy, sample.args, sample.kwargs)
+                args, kwargs = samples[spec.name][0].inputs_to(device)  # a stateful sample: on fresh copies
+                report = find_graph_breaks(proxy, args, kwargs)
                 if not report.has_breaks:
                     _log(f"No graph breaks in {node.short}. Checking took {report.duration_s:.2f}s")
                     continue

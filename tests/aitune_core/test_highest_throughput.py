@@ -204,3 +204,38 @@ def test_skip_reason_is_cheap_and_says_why(tmp_path):
     assert _strategy([GoodBackend()], skip_single_layer=True, min_eager_latency_us=0).skip_reason(
         TuneJob.of(model, "mlp", spec, data, "cpu", tmp_path)
     ) is None
+
+
+class Appends(torch.nn.Module):
+    """A decoder step on a caller-owned list cache; remembers the cache length of every call it saw."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.lengths = []
+
+    def forward(self, x, cache):
+        self.lengths.append(len(cache))
+        cache.append(self.fc(x))
+        return torch.stack(cache).sum(0)
+
+
+def test_a_stateful_graph_is_timed_on_fresh_copies_of_its_arguments(tmp_path):
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_core.recording.sample import owned_inputs
+
+    model = Appends().eval()
+    recorder = GraphRecorder(model)
+    x, cache = torch.randn(2, 4), [torch.zeros(2, 4)]
+    for _ in range(2):
+        before = owned_inputs((x, cache), {})
+        with torch.no_grad():
+            out = model(x, cache)
+        recorder.record(*before, out, after=((x, cache), {}))
+    spec = recorder.graph_specs[-1]  # the cache held 2 entries before these calls
+    data = recorder.samples(spec)
+    model.lengths.clear()
+    report = _strategy([GoodBackend()]).tune_with_report(model, "step", spec, data, "cpu", tmp_path)
+    assert isinstance(report.backend, GoodBackend)
+    assert model.lengths and set(model.lengths) == {2}  # every timed, warm-up and validation call: a fresh copy
+    assert all(len(sample.args[1]) == 2 for sample in data)  # the recorded samples are as recorded

@@ -113,3 +113,26 @@ def test_compare_stays_within_its_time_budget():
     assert elapsed < 0.1 + 0.2  # one round over the budget at most (each round ~2 x 20 ms)
     with pytest.raises(ValueError):
         profiling.compare([])
+
+
+def test_fresh_inputs_are_made_before_each_timed_call_and_not_timed(monkeypatch):
+    """A call that changes its arguments is timed on new copies each time; making them is outside the timing."""
+    monkeypatch.setattr(profiling.settings, "cpu_min_time_s", 0.0)
+    made, seen = [], []
+
+    def make():
+        time.sleep(0.01)  # an expensive copy: must not show in the latencies
+        made.append(1)
+        return ([],), {}
+
+    def step(cache):
+        seen.append(len(cache))
+        cache.append(1)  # what a decoder does to its KV cache
+
+    fresh = profiling.FreshInputs(step, make)
+    latencies = profiling.measure_all(fresh, device="cpu", warmup=1, iterations=4)
+    assert seen == [0] * 5 and len(made) == 5  # each call on its own fresh cache, warm-up included
+    assert max(latencies) < 5  # ms: the 10 ms copies were not timed
+    comparison = profiling.compare([fresh, profiling.FreshInputs(step, make)], device="cpu", warmup=0, budget_s=0.0,
+                                   min_rounds=1)
+    assert set(seen) == {0} and max(max(r) for r in comparison.round_medians_ms) < 5

@@ -82,3 +82,35 @@ def test_replay_keeps_the_callers_placement():
     assert replay_device(meta, "cpu") == torch.device("cpu")
     args, kwargs = Sample.capture((cpu,), {"t": torch.tensor(3)}).inputs_to("cuda")
     assert args[0].device.type == "cpu" and kwargs["t"].device.type == "cpu"
+
+
+class _KVCache:
+    def __init__(self) -> None:
+        self.keys = [torch.zeros(1, 0)]
+
+
+def test_a_stateful_sample_keeps_the_state_before_and_after_and_replays_on_fresh_copies():
+    from aitune_core.recording.sample import owned_inputs
+
+    cache = _KVCache()
+    x = torch.ones(1, 2)
+    before = owned_inputs((x,), {"cache": cache})
+    cache.keys[0] = torch.cat([cache.keys[0], x], dim=1)  # what the forward did
+    sample = Sample.capture(*before, output=(x * 2, cache), after=((x,), {"cache": cache}))
+    assert sample.mutates_inputs
+    assert sample.kwargs["cache"].keys[0].shape == (1, 0)  # as the call received it
+    after = sample.inputs_after[1]["cache"]
+    assert after.keys[0].shape == (1, 2) and after is not cache
+    assert sample.output[1] is after  # the returned cache is the argument object, in one copy
+    first, second = sample.inputs_to("cpu"), sample.inputs_to("cpu")
+    assert first[1]["cache"] is not second[1]["cache"] is not sample.kwargs["cache"]
+    first[1]["cache"].keys.append(torch.ones(1))  # a replay changing its copy changes nothing else
+    assert len(second[1]["cache"].keys) == len(sample.kwargs["cache"].keys) == 1
+    moved = sample.map_tensors(lambda t: t.double())
+    assert moved.mutates_inputs and moved.inputs_after is not None
+
+
+def test_a_plain_sample_replays_on_its_own_objects():
+    sample = Sample.capture((torch.ones(2),), {"cache": _KVCache()})
+    assert not sample.mutates_inputs and sample.inputs_after is None
+    assert sample.inputs_to("cpu")[1]["cache"] is sample.kwargs["cache"]

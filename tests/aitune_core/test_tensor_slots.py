@@ -84,3 +84,26 @@ def test_snapshots_of_sparse_quantized_and_incomparable_tensors():
     assert copy is not None and count_changed(quantized, copy) == 0
     assert count_changed(torch.quantize_per_tensor(torch.tensor([0.5, 2.0]), 0.1, 0, torch.quint8), copy) == 1
     assert snapshot(torch.ones(2).as_subclass(_Incomparable)) is None
+
+
+def test_reachable_finds_objects_and_constants_beside_tensors():
+    from aitune_core.validation.tensor_slots import reachable
+
+    class Layer:
+        def __init__(self) -> None:
+            self.keys = torch.zeros(2)
+            self.ready = True
+            self.seen = 3
+
+    class Cache:
+        def __init__(self) -> None:
+            self.layers = [Layer(), Layer()]
+            self.device = torch.device("cpu")  # skipped: neither state nor a place to look
+
+    cache = Cache()
+    found = reachable({"cache": cache}, "kwargs")
+    assert set(found.tensors) == {"kwargs['cache'].layers[0].keys", "kwargs['cache'].layers[1].keys"}
+    assert found.objects["kwargs['cache']"] is cache and found.objects["kwargs['cache'].layers[1]"] is cache.layers[1]
+    assert "kwargs['cache'].layers" not in found.objects  # a list is a container, not an object of the state
+    assert found.constants["kwargs['cache'].layers[0].seen"] == 3
+    assert found.constants["kwargs['cache'].layers[1].ready"] is True

@@ -404,3 +404,25 @@ def test_cuda_graph_modes_refuse_a_graph_whose_sequence_length_varies(tmp_path):
         backend.build(model, spec, recorder.samples(spec), torch.device("cuda"), tmp_path)
     batch_only, _data = record(TinyMLP().eval())  # batch sizes vary, nothing else: CUDA graphs stay a candidate
     assert _varying_sequence_axis(batch_only) is None
+
+
+def test_cuda_graph_modes_refuse_a_module_that_changes_its_arguments(tmp_path):
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_core.recording.sample import owned_inputs
+
+    class Appends(torch.nn.Module):
+        def forward(self, x, cache):
+            cache["keys"] = torch.cat([cache["keys"], x], dim=1)
+            return cache["keys"].sum(1)
+
+    model = Appends()
+    recorder = GraphRecorder(model)
+    cache = {"keys": torch.zeros(2, 1)}
+    for _ in range(2):
+        x = torch.randn(2, 1)
+        before = owned_inputs((x, cache), {})
+        recorder.record(*before, model(x, cache), after=((x, cache), {}))
+    spec = recorder.graph_specs[0]
+    backend = TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead"))
+    with pytest.raises(BackendBuildError, match="calls change their arguments"):
+        backend.build(model, spec, recorder.samples(spec), torch.device("cuda"), tmp_path)

@@ -365,3 +365,107 @@ def test_value_mismatch_carries_its_closeness(tmp_path):
     assert closeness.outliers == 8 and closeness.allowed_outliers == 0 and not closeness.accepted
     assert type(info.value) is ValidationError
     assert info.value.closeness_summary.startswith("WrongValuesBackend() (graph 0, sample 0): output: rel L2 error")
+
+
+# ------------------------------------------------------------------------------------------ stateful calls
+class KVCache:
+    """A fixed-layout cache like transformers' DynamicCache: one tensor per layer, grown by each call."""
+
+    def __init__(self, layers=2):
+        self.keys = [torch.zeros(1, 0, 4) for _ in range(layers)]
+        self.steps = 0
+
+
+class Decoder(torch.nn.Module):
+    """Appends its projection to every layer of the cache and returns (out, cache), like a decoder step."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, cache):
+        h = self.proj(x)
+        for index, keys in enumerate(cache.keys):
+            cache.keys[index] = torch.cat([keys, h * (index + 1)], dim=1)
+        cache.steps += 1
+        return h + cache.keys[0].mean(1, keepdim=True), cache
+
+
+def _stateful_samples(model, steps=3):
+    from aitune_core.recording.sample import owned_inputs
+
+    recorder = GraphRecorder(model)
+    cache = KVCache()
+    for _ in range(steps):
+        x = torch.randn(1, 1, 4)
+        before = owned_inputs((x, cache), {})
+        with torch.no_grad():
+            out = model(x, cache)
+        recorder.record(*before, out, after=((x, cache), {}))
+    spec = recorder.graph_specs[-1]
+    return spec, recorder.samples(spec)
+
+
+class ForgetsTheCache(_ModuleBackend):
+    """Right output values, but computed on a copy of the cache: the caller's cache is not updated."""
+
+    def _infer(self, x, cache):
+        import copy
+
+        out, _ = self.module(x, copy.deepcopy(cache))
+        return out, cache
+
+
+class CacheOffByOne(_ModuleBackend):
+    """Updates the cache, but one layer's new entry is wrong."""
+
+    def _infer(self, x, cache):
+        out = self.module(x, cache)
+        cache.keys[1][:, -1:] += 1.0
+        return out
+
+
+class ReturnsACopyOfTheCache(_ModuleBackend):
+    def _infer(self, x, cache):
+        import copy
+
+        out, returned = self.module(x, cache)
+        return out, copy.deepcopy(returned)
+
+
+class SkipsTheCounter(_ModuleBackend):
+    def _infer(self, x, cache):
+        was = cache.steps
+        out = self.module(x, cache)
+        cache.steps = was
+        return out
+
+
+class AddsAnAttribute(_ModuleBackend):
+    def _infer(self, x, cache):
+        out = self.module(x, cache)
+        cache.extra = torch.nn.Identity()
+        return out
+
+
+def test_a_stateful_call_is_validated_on_the_state_it_leaves_and_on_the_object_it_returns(tmp_path):
+    torch.manual_seed(0)
+    model = Decoder().eval()
+    spec, data = _stateful_samples(model)
+    assert all(sample.mutates_inputs and sample.inputs_after is not None for sample in data)
+    assert data[0].output[1] is data[0].inputs_after[0][1]  # the returned cache is the argument object, as recorded
+    recorded = [[keys.clone() for keys in sample.args[1].keys] for sample in data]
+    validate_backend(_build(GoodBackend(), model, spec, data, tmp_path), spec, data)
+    for sample, before in zip(data, recorded):  # validation ran on copies: the samples are as recorded
+        assert all(torch.equal(a, b) for a, b in zip(sample.args[1].keys, before))
+    with pytest.raises(ValidationError, match=r"args\[1\]\.keys\[0\] after the call has shape \[1, \d, 4\], expected"):
+        validate_backend(_build(ForgetsTheCache(), model, spec, data, tmp_path), spec, data)
+    with pytest.raises(ValidationError, match=r"args\[1\]\.keys\[1\] after the call differs from the original"):
+        validate_backend(_build(CacheOffByOne(), model, spec, data, tmp_path), spec, data)
+    with pytest.raises(ValidationError, match=r"output\[1\]: the original module returned its argument object "
+                                              r"\(KVCache\) here, the backend another KVCache"):
+        validate_backend(_build(ReturnsACopyOfTheCache(), model, spec, data, tmp_path), spec, data)
+    with pytest.raises(ValidationError, match=r"args\[1\]\.steps after the call differs: got \d, expected \d"):
+        validate_backend(_build(SkipsTheCounter(), model, spec, data, tmp_path), spec, data)
+    with pytest.raises(ValidationError, match="argument objects with another layout"):
+        validate_backend(_build(AddsAnAttribute(), model, spec, data, tmp_path), spec, data)

@@ -60,21 +60,22 @@ def _calls(model: torch.nn.Module, log: Log, n: int = 6) -> list[torch.Tensor]:
         return [model(torch.randn(2, 16, generator=generator), log) for _ in range(n)]
 
 
-def test_a_forward_that_appends_to_its_argument_stays_eager_and_its_children_are_tuned():
+def test_a_forward_whose_argument_grows_a_new_layout_each_call_stays_eager_and_its_children_are_tuned():
     torch.manual_seed(0)
     model = Appending().eval()
     plain_log = Log()
-    expected = _calls(model, plain_log)
+    expected = _calls(model, plain_log, n=8)
     _setup()
     enable()
     log = Log()
-    outputs = _calls(model, log)
+    outputs = _calls(model, log, n=8)
     node = PatchedModule.of(model)
     assert node.state is NodeState.EAGER
     assert "changes its argument `log` (Log)" in node.reason
+    assert "new layout on every call (4 calls" in node.reason  # a list one longer per call: no graph repeats
     assert [child.state for child in node.children] == [NodeState.TUNED, NodeState.TUNED]
     assert CountingBackend.infers > 0
-    assert len(log.entries) == len(plain_log.entries) == 6  # never replayed on the caller's object
+    assert len(log.entries) == len(plain_log.entries) == 8  # never replayed on the caller's object
     for got, want in zip(outputs, expected):
         torch.testing.assert_close(got, want)
 
@@ -156,7 +157,34 @@ class Pooling(torch.nn.Module):
         return features
 
 
-def test_a_forward_that_adds_keys_to_its_input_dict_stays_eager_and_its_encoder_is_tuned_and_used():
+def test_a_forward_that_adds_keys_to_its_input_dict_is_tuned_and_the_tuned_call_adds_them_too():
+    torch.manual_seed(0)
+    model = Pooling().eval()
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 32, (2, n), generator=generator) for n in (5, 7, 6, 6, 7)]
+    with torch.no_grad():
+        expected = [model({"input_ids": ids})["sentence_embedding"] for ids in batches]
+    _setup()
+    enable()
+    with torch.no_grad():
+        results = [model({"input_ids": ids}) for ids in batches[:4]]
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED
+    assert any("changes its argument `features` (dict); its calls are recorded on copies" in line
+               for line in PatchedModule.history)
+    infers_before = CountingBackend.infers
+    features = {"input_ids": batches[4]}
+    with torch.no_grad():
+        returned = model(features)
+    assert CountingBackend.infers == infers_before + 1  # the tuned backend answered, on the caller's dict
+    assert returned is features and sorted(features) == ["input_ids", "sentence_embedding"]
+    torch.testing.assert_close(features["sentence_embedding"], expected[4])
+    for result, want in zip(results, expected):
+        assert sorted(result) == ["input_ids", "sentence_embedding"]
+        torch.testing.assert_close(result["sentence_embedding"], want)
+
+
+def test_with_stateful_calls_off_a_forward_that_adds_keys_stays_eager_and_its_encoder_is_tuned_and_used():
     torch.manual_seed(0)
     model = Pooling().eval()
     generator = torch.Generator().manual_seed(0)
@@ -164,11 +192,13 @@ def test_a_forward_that_adds_keys_to_its_input_dict_stays_eager_and_its_encoder_
     with torch.no_grad():
         expected = [model({"input_ids": ids})["sentence_embedding"] for ids in batches]
     _setup()
+    jit_config.stateful_calls = False
     enable()
     with torch.no_grad():
         results = [model({"input_ids": ids}) for ids in batches]
     node = PatchedModule.of(model)
     assert node.state is NodeState.EAGER and "changes its argument `features` (dict)" in node.reason
+    assert "stateful_calls is off" in node.reason
     encoder = PatchedModule.of(model.encoder)
     assert encoder.state is NodeState.TUNED
     infers_before = CountingBackend.infers
@@ -179,3 +209,80 @@ def test_a_forward_that_adds_keys_to_its_input_dict_stays_eager_and_its_encoder_
         assert sorted(result) == ["input_ids", "sentence_embedding"]
         torch.testing.assert_close(result["sentence_embedding"], want)
     torch.testing.assert_close(again["sentence_embedding"], expected[2])
+
+
+class KVCache:
+    """A fixed-layout cache like transformers' DynamicCache: one tensor, one step counter, grown by each call."""
+
+    def __init__(self) -> None:
+        self.keys = torch.zeros(2, 0, 16)
+        self.steps = 0
+
+
+class Step(torch.nn.Module):
+    """A decoder step: appends to the caller's cache and reads all of it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.out = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
+        cache.keys = torch.cat([cache.keys, self.proj(x)], dim=1)
+        cache.steps += 1
+        return self.out(cache.keys.mean(1)), cache
+
+
+class ForgetsTheCache(CountingBackend):
+    """Right outputs from a copy of the cache; the caller's cache is never updated."""
+
+    def _infer(self, x: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, KVCache]:
+        import copy
+
+        return self._module(x, copy.deepcopy(cache))[0], cache
+
+
+def _decode(model: torch.nn.Module, steps: int = 8) -> tuple[list[torch.Tensor], KVCache]:
+    generator = torch.Generator().manual_seed(0)
+    cache = KVCache()
+    outputs = []
+    with torch.no_grad():
+        for _ in range(steps):
+            out, returned = model(torch.randn(2, 1, 16, generator=generator), cache)
+            assert returned is cache
+            outputs.append(out)
+    return outputs, cache
+
+
+def test_a_module_that_grows_a_kv_cache_is_tuned_and_serves_on_the_callers_cache():
+    torch.manual_seed(0)
+    model = Step().eval()
+    expected, expected_cache = _decode(model)
+    _setup()
+    enable()
+    outputs, cache = _decode(model)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED
+    assert any("changes its argument `cache` (KVCache); its calls are recorded on copies" in line
+               for line in PatchedModule.history)
+    assert CountingBackend.infers > 0
+    assert cache.steps == expected_cache.steps == 8  # never replayed on the caller's cache
+    torch.testing.assert_close(cache.keys, expected_cache.keys)
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_backend_that_leaves_the_kv_cache_behind_is_rejected():
+    torch.manual_seed(0)
+    model = Step().eval()
+    expected, expected_cache = _decode(model)
+    _setup()
+    jit_config.backends = [ForgetsTheCache()]
+    enable()
+    outputs, cache = _decode(model)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.EAGER
+    assert "args[1].keys after the call has shape" in node.reason, node.reason
+    torch.testing.assert_close(cache.keys, expected_cache.keys)
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want)

@@ -29,7 +29,8 @@ CUDA graphs
     already starts a new CUDA-graph generation, and the first `mark_step_begin()` in a process switches every
     CUDA-graph function in it - the user's own `torch.compile(mode="reduce-overhead")` ones too - to counting
     generations by mark steps only. A user's function called without mark steps then re-records its graphs while
-    its previous outputs are alive, instead of replaying them.
+    its previous outputs are alive, instead of replaying them. A module whose calls change their arguments (a KV
+    cache, `Sample.mutates_inputs`) is refused: what it writes into them would be a replay buffer.
 
 One compiled entry per backend
     The module is compiled through `isolated_entry(module)`, a function with a code object of its own, not as
@@ -380,6 +381,10 @@ class TorchInductorBackend(Backend):
         self._marks = self._marks_for(graph_spec)
         self._cudagraphs = self.config.wants_cudagraphs and self._device is not None and self._device.type == "cuda"
         varying = _varying_sequence_axis(graph_spec)
+        if self._cudagraphs and any(getattr(sample, "mutates_inputs", False) for sample in data):
+            raise ValueError("CUDA graphs replay into buffers of their own, and this module's calls change their "
+                             "arguments (a KV cache): the tensors written into them would be overwritten by the next "
+                             "replay, and a growing cache is a new graph per size")
         if self._cudagraphs and varying is not None:
             raise ValueError(f"CUDA graphs record one graph per size, and {varying}: a graph this backend would "
                              "serve by recording again and again (on an H100, BERT at lengths 32..128 ran 2.4x "

@@ -104,10 +104,19 @@ class GraphRecorder:
             return generic, generic.bind(args, kwargs)
 
     def record(
-        self, args: Sequence[Any], kwargs: Mapping[str, Any], output: Any, batch_size: int | None = None
+        self,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        output: Any,
+        batch_size: int | None = None,
+        *,
+        after: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
     ) -> GraphSpec | None:
         """Record one call and its output; returns the (updated) spec of the call's graph, or None when the
         call would make a new graph beyond `max_graphs` (then nothing is recorded).
+
+        `after`: for a call that changed its arguments, `(args, kwargs)` as the forward left them, with `args` /
+        `kwargs` copies taken before it ran (a stateful sample, see `Sample.capture`).
 
         `batch_size` None means "take it from the global context" (`current_batch_size()`), which is
         None too in JIT mode.
@@ -154,7 +163,9 @@ class GraphRecorder:
             if changed or mode != state.mode:
                 state.mode = mode
                 self._refresh_spec(state)
-            state.store.offer(in_shapes, batch_size, lambda: Sample.capture(args, kwargs, output, batch_size))
+            state.store.offer(
+                in_shapes, batch_size, lambda: Sample.capture(args, kwargs, output, batch_size, after=after)
+            )
             return state.spec
 
     def _refuse_graph(self) -> None:

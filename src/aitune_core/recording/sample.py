@@ -3,6 +3,13 @@
 A sample owns everything it holds: tensors are detached clones, and any other object (a KV cache, a config, a
 scheduler) is a deep copy taken when the call is recorded. Tuning replays samples many times (graph-break probe,
 warm-up, validation, timing); replaying on the caller's live objects would change the program's state.
+
+A call that changes its arguments (a decoder appending to its KV cache) is a *stateful* sample: its inputs are
+copied before the call ran (`owned_inputs`), and `inputs_after` holds the state the original forward left them in,
+captured with the output in one deep copy so that an output which *is* an argument object (the cache returned with
+the logits) stays that object. Such a sample can be replayed any number of times only on fresh copies, so
+`inputs_to` gives a new copy of every argument on each call for it; validation compares what a backend leaves in
+its copy with `inputs_after`.
 """
 
 from __future__ import annotations
@@ -72,6 +79,13 @@ def _owned(value: Any, memo: dict[int, Any], *, strict: bool) -> Any:
     return unflatten(treedef, owned)
 
 
+def owned_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Copies of a call's arguments as they are now (tensors cloned, objects deep-copied, one memo), for a stateful
+    call before its forward runs. Raises `NotReplayableError` when an argument object cannot be copied."""
+    memo: dict[int, Any] = {}
+    return tuple(_owned(tuple(args), memo, strict=True)), dict(_owned(dict(kwargs), memo, strict=True))
+
+
 @dataclass
 class Sample:
     """One call of a module.
@@ -80,49 +94,72 @@ class Sample:
     - `output`: the original module's output for this call (detached, cloned): the reference a
       backend's output is validated against.
     - `batch_size`: from the global context when known (AOT), else None.
+    - `mutates_inputs`: the original forward changed its arguments during this call (a stateful sample);
+      `inputs_after`: `(args, kwargs)` as it left them (see the module docstring).
     """
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     output: Any = None
     batch_size: int | None = None
+    mutates_inputs: bool = False
+    inputs_after: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
     @classmethod
     def capture(
-        cls, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = None, batch_size: int | None = None
+        cls,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any = None,
+        batch_size: int | None = None,
+        *,
+        after: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
     ) -> Sample:
         """A sample that owns copies of every tensor and object, so it cannot change after the call.
 
-        Raises `NotReplayableError` when an input object cannot be copied (an output object that cannot be
-        copied is kept by reference: outputs are compared, never replayed).
+        `after`: for a call that changed its arguments, `(args, kwargs)` as the forward left them (`args` /
+        `kwargs` must then be what they were before the call, e.g. `owned_inputs` taken before it); the sample
+        is stateful. Raises `NotReplayableError` when an input object cannot be copied (an output object that
+        cannot be copied is kept by reference: outputs are compared, never replayed).
         """
         memo: dict[int, Any] = {}
-        return cls(
-            args=tuple(_owned(tuple(args), memo, strict=True)),
-            kwargs=dict(_owned(dict(kwargs), memo, strict=True)),
-            output=_owned(output, {}, strict=False),
-            batch_size=batch_size,
-        )
+        owned_args = tuple(_owned(tuple(args), memo, strict=True))
+        owned_kwargs = dict(_owned(dict(kwargs), memo, strict=True))
+        if after is None:
+            return cls(args=owned_args, kwargs=owned_kwargs, output=_owned(output, {}, strict=False),
+                       batch_size=batch_size)
+        # one memo for the output and the state left behind: a returned argument object stays that object
+        owned_output, after_args, after_kwargs = _owned((output, tuple(after[0]), dict(after[1])), {}, strict=True)
+        return cls(args=owned_args, kwargs=owned_kwargs, output=owned_output, batch_size=batch_size,
+                   mutates_inputs=True, inputs_after=(tuple(after_args), dict(after_kwargs)))
 
     def map_tensors(self, fn: Callable[[torch.Tensor], Any]) -> Sample:
-        """A new sample with `fn` applied to every tensor of args, kwargs and output."""
+        """A new sample with `fn` applied to every tensor of args, kwargs and output (and the state left behind)."""
         return Sample(
             args=tuple(tree_map(fn, tuple(self.args))),
             kwargs=dict(tree_map(fn, dict(self.kwargs))),
             output=tree_map(fn, self.output),
             batch_size=self.batch_size,
+            mutates_inputs=self.mutates_inputs,
+            inputs_after=None if self.inputs_after is None else tree_map(fn, self.inputs_after),
         )
 
     def to(self, device: torch.device | str) -> Sample:
         """A copy with every tensor moved to `device`."""
         return self.map_tensors(lambda t: t.to(device))
 
-    def inputs_to(self, device: torch.device | str) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """Only the inputs, placed for a backend on `device` as the caller placed them (`replay_device`)."""
+    def inputs_to(self, device: torch.device | str | None) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Only the inputs, placed for a backend on `device` as the caller placed them (`replay_device`).
+
+        For a stateful sample every call gives new copies of every argument (a replay changes them).
+        """
 
         def place(t: torch.Tensor) -> torch.Tensor:
             return t.to(replay_device(t, device))
 
+        if self.mutates_inputs:
+            args, kwargs = owned_inputs(self.args, self.kwargs)
+            return tuple(tree_map(place, args)), dict(tree_map(place, kwargs))
         return tuple(tree_map(place, tuple(self.args))), dict(tree_map(place, dict(self.kwargs)))
 
     def run(self, fn: Callable[..., Any]) -> Any:

@@ -41,7 +41,7 @@ module with its original forward).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -176,7 +176,8 @@ class HighestThroughputStrategy(TuneStrategy):
         sample = self._representative_sample(graph_spec, data)
         args, kwargs = sample.inputs_to(device)
         batch_size = profiling.sample_batch_size(graph_spec, sample) or 1
-        return self._too_cheap(name, self._profile(module, args, kwargs, batch_size, device))
+        eager = self._profile(_on_sample(module, sample, device), args, kwargs, batch_size, device)
+        return self._too_cheap(name, eager)
 
     def _not_faster(self, name: str, graph_spec: GraphSpec, candidates: list[CandidateReport],
                     best: CandidateReport, speedup: float) -> NotFasterThanEagerError:
@@ -268,13 +269,16 @@ class HighestThroughputStrategy(TuneStrategy):
         reason = self._single_layer(module, name)
         if reason is not None:
             raise NotFasterThanEagerError(f"{reason}; nothing was built")
-        at_recorded = bool(self.profile_at_recorded_shapes) or not graph_spec.has_batch_axis()
+        # a stateful call (its arguments hold a cache sized to the recorded batch) is only timed as recorded
+        stateful = any(sample.mutates_inputs for sample in data)
+        at_recorded = bool(self.profile_at_recorded_shapes) or not graph_spec.has_batch_axis() or stateful
+        replayed: Sample | None = None
         if at_recorded:
-            sample = self._representative_sample(graph_spec, data)
+            sample = replayed = self._representative_sample(graph_spec, data)
             args, kwargs = sample.inputs_to(device)
             batch_size = profiling.sample_batch_size(graph_spec, sample) or 1
             _logger.info("📏 profiling at recorded shapes, batch size %d", batch_size)
-            eager = self._profile(module, args, kwargs, batch_size, device)
+            eager = self._profile(_on_sample(module, sample, device), args, kwargs, batch_size, device)
         else:
             sample = self._largest_batch_sample(graph_spec, data)
             batch_size, eager = self._estimate_batch_size(module, graph_spec, data, sample, device)
@@ -296,9 +300,10 @@ class HighestThroughputStrategy(TuneStrategy):
         pending: list[tuple[float, float]] = []  # what `profile` measured, until `keep_best` files it
 
         def profile(backend: Backend) -> profiling.Measurement:
-            comparison = profiling.compare(
-                [module, backend.infer], args, kwargs, device=device, warmup=self.warmup, budget_s=self.budget_s
-            )
+            fns = [module, backend.infer]
+            if replayed is not None:
+                fns = [_on_sample(fn, replayed, device) for fn in fns]
+            comparison = profiling.compare(fns, args, kwargs, device=device, warmup=self.warmup, budget_s=self.budget_s)
             extra_ms = (self.dispatch_overhead_us or 0.0) / 1000.0
             speedup = comparison.speedup(1, extra_ms=extra_ms)
             pending.append((speedup, comparison.baseline_ms))
@@ -364,3 +369,11 @@ class HighestThroughputStrategy(TuneStrategy):
             batch_size=batch_size,
             selected_index=selected_index,
         )
+
+
+def _on_sample(fn: Callable[..., Any], sample: Sample, device: torch.device) -> Callable[..., Any]:
+    """`fn` as timed on `sample`'s inputs: on fresh copies for each call when the sample is stateful (a replay
+    changes its arguments; `profiling.FreshInputs`), else `fn` itself."""
+    if not sample.mutates_inputs:
+        return fn
+    return profiling.FreshInputs(fn, lambda: sample.inputs_to(device))

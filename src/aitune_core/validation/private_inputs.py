@@ -32,7 +32,7 @@ from aitune_core.errors import ValidationError
 from aitune_core.log import get_logger
 from aitune_core.recording.sample import replay_device
 from aitune_core.specs.tree import flatten_values, unflatten
-from aitune_core.validation.tensor_slots import count_changed, snapshot, tensor_slots
+from aitune_core.validation.tensor_slots import Reachable, count_changed, reachable, snapshot, tensor_slots
 
 if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
@@ -80,6 +80,13 @@ def copy_inputs(
     return tuple(args), dict(kwargs)
 
 
+def argument_state(inputs: tuple[Any, Any]) -> Reachable:
+    """The tensors, objects and constants of a call's `(args, kwargs)`, paths rooted at `args` / `kwargs`."""
+    args, kwargs = reachable(inputs[0], "args"), reachable(inputs[1], "kwargs")
+    return Reachable({**args.tensors, **kwargs.tensors}, {**args.objects, **kwargs.objects},
+                     {**args.constants, **kwargs.constants})
+
+
 def has_floating_tensors(sample: Sample) -> bool:
     """Whether `copy_inputs(sample, perturb=True)` changes anything."""
     leaves, _ = flatten_values((tuple(sample.args), dict(sample.kwargs)))
@@ -97,6 +104,20 @@ class PrivateInputs:
 
     def _slots(self) -> dict[str, torch.Tensor]:
         return {**tensor_slots(self.args, "args"), **tensor_slots(self.kwargs, "kwargs")}
+
+    def state(self) -> Reachable:
+        """The tensors, objects and constants of these inputs now (after the call: what the backend left)."""
+        return argument_state((self.args, self.kwargs))
+
+    def returned_objects(self, sample: Sample) -> dict[int, Any]:
+        """For a stateful sample: `{id(argument object in sample.inputs_after): the object at the same place in
+        these inputs}`. An output that is one of the caller's argument objects (a cache returned with the logits)
+        must be that object in the backend's output too."""
+        if sample.inputs_after is None:
+            return {}
+        reference = argument_state(sample.inputs_after).objects
+        mine = self.state().objects
+        return {id(obj): mine.get(path) for path, obj in reference.items()}
 
     def changes(self) -> tuple[list[str], list[tuple[str, torch.Tensor]]]:
         """`(descriptions of every change to the inputs, [(path, tensor) written into the arguments])`."""

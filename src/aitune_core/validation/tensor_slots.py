@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -39,19 +40,44 @@ _SKIPPED = (
 )
 
 
+_CONSTANTS = (str, bytes, int, float, complex, bool, type(None))
+
+
+@dataclass
+class Reachable:
+    """What one walk finds, by path: `tensors`, `objects` (everything looked into that is not a tuple, list or
+    mapping: a cache, its layers) and `constants` (numbers, strings, flags, None held by those)."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    objects: dict[str, Any] = field(default_factory=dict)
+    constants: dict[str, Any] = field(default_factory=dict)
+
+
 def tensor_slots(value: Any, root: str = "") -> dict[str, torch.Tensor]:
     """`{path: tensor}` for every tensor reachable from `value` (paths like `root[0]['k'].layers[1].keys`)."""
-    found: dict[str, torch.Tensor] = {}
+    return reachable(value, root).tensors
+
+
+def reachable(value: Any, root: str = "") -> Reachable:
+    """Every tensor, object and constant reachable from `value`. Objects and constants are where a stateful call's
+    argument state is besides its tensors: an output which is one of the objects is matched with the object at
+    the same place in another copy of the arguments, and the constants (a counter, a flag) are compared."""
+    found = Reachable()
     visited: set[int] = set()
     stack: list[tuple[str, Any, int]] = [(root, value, 0)]
     while stack and len(visited) < MAX_NODES:
         path, item, depth = stack.pop()
         if isinstance(item, torch.Tensor):
-            found.setdefault(path, item)
+            found.tensors.setdefault(path, item)
+            continue
+        if isinstance(item, _CONSTANTS):
+            found.constants.setdefault(path, item)
             continue
         if isinstance(item, _SKIPPED) or depth >= MAX_DEPTH or id(item) in visited:
             continue
         visited.add(id(item))
+        if not isinstance(item, (tuple, list, Mapping)):
+            found.objects[path] = item
         children = _children(item)
         stack.extend((path + suffix, child, depth + 1) for suffix, child in reversed(children))
     return found

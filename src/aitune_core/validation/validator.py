@@ -16,7 +16,10 @@ never changes the recorded samples), and checks:
    with `(rtol, atol) = tolerance_fn(dtype)`; integers and bools exactly; other constants by value for simple
    types (None, str, bool, ...) and by their own `==` otherwise (e.g. a cache object in a model output);
 5. inputs: the backend left the tensors in its inputs (and in argument objects) unchanged, unless the original
-   module changes them too (`Sample.mutates_inputs`);
+   module changes them too (`Sample.mutates_inputs`); for such a stateful sample, the state the backend left in
+   its copy of the arguments matches `Sample.inputs_after`: the same tensors at the same places (values by the
+   rule of 4), the same layout of flags, Nones and lengths (`object_signature`), and an output that is one of
+   the argument objects (a KV cache returned with the logits) is the backend's own copy of that object;
 6. output aliasing (`kept_outputs.py`): the tensors returned for the first sample (and written into its argument
    objects) still hold their values after every later call, the first sample's repeat included. A backend that
    reuses its output buffers (a CUDA-graph replay) fails with "output buffer reused / overwritten by a later call".
@@ -39,10 +42,11 @@ import torch
 
 from aitune_core.errors import ValidationError
 from aitune_core.log import get_logger
+from aitune_core.specs.object_signature import object_signature
 from aitune_core.specs.tree import TENSOR, flatten
 from aitune_core.validation.criterion import Criterion, FloatComparison, mismatch_error
 from aitune_core.validation.kept_outputs import KeptOutputs
-from aitune_core.validation.private_inputs import PrivateInputs, has_floating_tensors
+from aitune_core.validation.private_inputs import PrivateInputs, argument_state, has_floating_tensors
 from aitune_core.validation.tolerance import Tolerance
 
 if TYPE_CHECKING:
@@ -80,13 +84,13 @@ def validate_backend(
     with torch.no_grad():
         for index, sample in enumerate(data):
             where = f"{backend.describe()} (graph {graph_spec.name}, sample {index})"
-            output, written = _run_sample(backend, sample, where)
+            output, inputs = _run_sample(backend, sample, where)
+            written = inputs.check(where)
             if kept is None:
                 kept = KeptOutputs(output, written, label="sample 0")
             else:
                 kept.check(f"sample {index}", where)
-            validate_output(output, sample.output, graph_spec.output_spec, tolerance_fn, context=where,
-                            criterion=criterion)
+            _check_call(output, inputs, sample, graph_spec, tolerance_fn, criterion, where)
         assert kept is not None
         _run_repeat(backend, graph_spec, data[0], kept, tolerance_fn, criterion)
 
@@ -100,12 +104,53 @@ def _call(backend: Backend, inputs: PrivateInputs, where: str) -> Any:
         raise ValidationError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
 
 
-def _run_sample(backend: Backend, sample: Sample, where: str) -> tuple[Any, list[tuple[str, torch.Tensor]]]:
-    """One backend call on private copies of the sample's inputs; returns the output and the tensors it wrote
-    into argument objects. Raises `ValidationError` when the call fails or mutates inputs it must not."""
+def _run_sample(backend: Backend, sample: Sample, where: str) -> tuple[Any, PrivateInputs]:
+    """One backend call on private copies of the sample's inputs; returns the output and those inputs as the call
+    left them. Raises `ValidationError` when the call fails."""
     inputs = PrivateInputs(sample, backend.device)
-    output = _call(backend, inputs, where)
-    return output, inputs.check(where)
+    return _call(backend, inputs, where), inputs
+
+
+def _check_call(
+    output: Any,
+    inputs: PrivateInputs,
+    sample: Sample,
+    graph_spec: GraphSpec,
+    tolerance_fn: ToleranceFn,
+    criterion: Criterion,
+    where: str,
+) -> None:
+    """The output against the recorded one and, for a stateful sample, the state left in the arguments."""
+    validate_output(output, sample.output, graph_spec.output_spec, tolerance_fn, context=where, criterion=criterion,
+                    returned=inputs.returned_objects(sample))
+    if sample.inputs_after is not None:
+        check_state_after(inputs, sample.inputs_after, tolerance_fn, criterion, where)
+
+
+def check_state_after(
+    inputs: PrivateInputs,
+    expected: tuple[Any, Any],
+    tolerance_fn: ToleranceFn,
+    criterion: Criterion,
+    where: str,
+) -> None:
+    """What a backend left in its copy of a stateful call's arguments against what the original module left
+    (`expected`, the sample's `inputs_after`); raises `ValidationError` at the first difference."""
+    want, got = argument_state(expected), inputs.state()
+    if set(want.tensors) != set(got.tensors):
+        missing, extra = sorted(set(want.tensors) - set(got.tensors)), sorted(set(got.tensors) - set(want.tensors))
+        shown = ", ".join([f"no tensor at {p}" for p in missing[:2]] + [f"a tensor at {p}" for p in extra[:2]])
+        raise ValidationError(f"{where}: the backend left its arguments in another state than the original module "
+                              f"did ({shown})")
+    for path, tensor in want.tensors.items():
+        _check_tensor(got.tensors[path], tensor, None, tolerance_fn, criterion, f"{where}: {path} after the call")
+    for path, value in want.constants.items():
+        if path not in got.constants:
+            raise ValidationError(f"{where}: the backend left no value at {path} (the original module: {value!r})")
+        _check_constant(got.constants[path], value, True, tolerance_fn, f"{where}: {path} after the call", {})
+    if object_signature((inputs.args, inputs.kwargs)) != object_signature(tuple(expected)):
+        raise ValidationError(f"{where}: the backend left its argument objects with another layout (attributes, "
+                              "list lengths) than the original module did")
 
 
 def _run_repeat(
@@ -137,7 +182,7 @@ def _run_repeat(
     inputs.check(where)
     kept.check(label, where)
     if not perturb:
-        validate_output(output, sample.output, graph_spec.output_spec, tolerance_fn, context=where, criterion=criterion)
+        _check_call(output, inputs, sample, graph_spec, tolerance_fn, criterion, where)
 
 
 def validate_output(
@@ -148,10 +193,13 @@ def validate_output(
     *,
     context: str = "backend",
     criterion: Criterion | None = None,
+    returned: dict[int, Any] | None = None,
 ) -> None:
     """Check one output against the recorded `reference` (None: only finiteness, structure and the spec's shapes).
 
-    `criterion` (default `Criterion.from_config()`) decides when a floating tensor is close enough.
+    `criterion` (default `Criterion.from_config()`) decides when a floating tensor is close enough. `returned`
+    (`PrivateInputs.returned_objects`): reference objects that are argument objects of the call, each mapped to
+    the object the backend's output must hold in its place.
     """
     criterion = criterion or Criterion.from_config()
     out_leaves, out_tree = flatten(output)
@@ -189,11 +237,13 @@ def validate_output(
         if isinstance(value, torch.Tensor):
             _check_tensor(value, ref, spec, tolerance_fn, criterion, f"{context}: {path}")
         else:
-            _check_constant(value, ref, reference is not None, tolerance_fn, f"{context}: {path}")
+            _check_constant(value, ref, reference is not None, tolerance_fn, f"{context}: {path}", returned or {})
 
 
 # ------------------------------------------------------------------------------------------ constants
-def _check_constant(value: Any, ref: Any, has_reference: bool, tolerance_fn: ToleranceFn, where: str) -> None:
+def _check_constant(
+    value: Any, ref: Any, has_reference: bool, tolerance_fn: ToleranceFn, where: str, returned: dict[int, Any]
+) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         if not (isinstance(ref, float) and ((math.isnan(ref) and math.isnan(value)) or ref == value)):
             expected = f" (expected {ref!r})" if has_reference else ""
@@ -218,16 +268,23 @@ def _check_constant(value: Any, ref: Any, has_reference: bool, tolerance_fn: Tol
         if value != ref:
             raise ValidationError(f"{where} differs: got {value!r}, expected {ref!r}")
         return
-    _check_opaque(value, ref, where)
+    _check_opaque(value, ref, where, returned)
 
 
-def _check_opaque(value: Any, ref: Any, where: str) -> None:
+def _check_opaque(value: Any, ref: Any, where: str, returned: dict[int, Any]) -> None:
     """An object the tree walker does not look into: equal by its own `==`, or the same object.
 
     Its type alone proves nothing (it may hold tensors the backend computed wrongly), so an object that
-    cannot be compared fails validation: the backend is not used rather than trusted blindly.
+    cannot be compared fails validation: the backend is not used rather than trusted blindly. An argument object
+    the original module returned (`returned`) must be the backend's copy of it; its contents are checked with
+    the state the call left in the arguments.
     """
     if value is ref:
+        return
+    if id(ref) in returned:
+        if value is not returned[id(ref)]:
+            raise ValidationError(f"{where}: the original module returned its argument object "
+                                  f"({type(ref).__name__}) here, the backend another {type(value).__name__}")
         return
     if type(value).__eq__ is object.__eq__:
         raise ValidationError(
