@@ -24,6 +24,7 @@ import torch
 from aitune_core.errors import NotReplayableError
 from aitune_core.recording.argument_watch import ArgumentWatch
 from aitune_core.recording.sample import owned_inputs
+from aitune_core.validation.tensor_slots import tensor_slots
 from aitune_jit.config import jit_config
 from aitune_jit.state import NodeState
 
@@ -67,6 +68,9 @@ class NodeRecording:
         be recorded; the exception when they cannot be copied, handled after the call)."""
         if self._recorder is None or self._tuning:
             return None
+        too_large = state_too_large(args, kwargs)
+        if too_large is not None:
+            return NotReplayableError(too_large)
         try:
             return owned_inputs(args, kwargs)
         except NotReplayableError as exc:
@@ -128,7 +132,7 @@ class NodeRecording:
         if watch is not None:
             changed = watch.changes()
             if changed is not None and not isinstance(before, tuple):
-                self._become_stateful(changed, before)
+                self._become_stateful(changed, before if before is not None else state_too_large(args, kwargs))
                 return
             if changed is not None:
                 after = (args, kwargs)  # the caller's containers and objects, as the forward left them
@@ -173,7 +177,7 @@ class NodeRecording:
             return
         self._pending = True
 
-    def _become_stateful(self, changed: str, failure: Exception | None) -> None:
+    def _become_stateful(self, changed: str, failure: Exception | str | None) -> None:
         """The forward changed its arguments in a call recorded without a copy taken before it: from the next call
         on, arguments are copied before each recorded call (see the module docstring), or the node is not
         replayable."""
@@ -197,6 +201,35 @@ class NodeRecording:
         else:
             self._recorder = None
             self._note_once("replay", f"{self.short}: new graphs are not tuned: {reason}")
+
+
+#: the most a stateful call's argument tensors may hold, in MB, for them to be copied before every recorded call
+#: (a sample keeps two copies: before and after the call; a graph keeps up to `config.max_num_samples_stored`)
+STATEFUL_COPY_LIMIT_MB = 128.0
+#: and the most, as a share of the GPU memory free at the time, for tensors on a GPU
+STATEFUL_COPY_FREE_SHARE = 0.02
+
+
+def state_too_large(args: tuple, kwargs: dict) -> str | None:
+    """Why a stateful call's arguments are too large to copy for every recorded call (a long KV cache of a large
+    model: copies on the GPU could take the memory the program needs), or None."""
+    tensors = list(tensor_slots((args, kwargs)).values())
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    limit = STATEFUL_COPY_LIMIT_MB * 2**20
+    where = f"STATEFUL_COPY_LIMIT_MB={STATEFUL_COPY_LIMIT_MB:g}"
+    devices = {t.device for t in tensors if t.device.type == "cuda"}
+    for device in devices:
+        try:
+            free, _total = torch.cuda.mem_get_info(device)
+        except Exception:
+            continue
+        if free * STATEFUL_COPY_FREE_SHARE < limit:
+            limit = free * STATEFUL_COPY_FREE_SHARE
+            where = f"{STATEFUL_COPY_FREE_SHARE:.0%} of the {free / 2**30:.1f} GB free on {device}"
+    if total <= limit:
+        return None
+    return f"its arguments hold {total / 2**20:.0f} MB of tensors, more than it copies before every recorded call " \
+           f"({where})"
 
 
 #: a stateful node whose first recorded calls each made a graph of their own (a list argument that grows by one

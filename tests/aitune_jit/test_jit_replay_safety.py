@@ -286,3 +286,23 @@ def test_a_backend_that_leaves_the_kv_cache_behind_is_rejected():
     torch.testing.assert_close(cache.keys, expected_cache.keys)
     for got, want in zip(outputs, expected):
         torch.testing.assert_close(got, want)
+
+
+def test_a_kv_cache_too_large_to_copy_for_every_recorded_call_keeps_its_module_eager(monkeypatch):
+    from aitune_jit import node_recording
+
+    monkeypatch.setattr(node_recording, "STATEFUL_COPY_LIMIT_MB", 1e-4)  # about 100 bytes: the cache is larger
+    torch.manual_seed(0)
+    model = Step().eval()
+    expected, expected_cache = _decode(model)
+    _setup()
+    enable()
+    outputs, cache = _decode(model)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.EAGER
+    assert "changes its argument `cache` (KVCache), and its arguments hold" in node.reason
+    assert "STATEFUL_COPY_LIMIT_MB=0.0001" in node.reason
+    assert [child.state for child in node.children] == [NodeState.TUNED, NodeState.TUNED]
+    torch.testing.assert_close(cache.keys, expected_cache.keys)
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want)
