@@ -179,6 +179,24 @@ def test_dispatch_overhead_is_charged_to_every_candidate(tmp_path):
     assert report.selected_latency_ms >= 0.1  # the charge is part of the reported latency
 
 
+def test_matching_a_call_to_its_graph_is_measured_and_charged_with_the_dispatch(tmp_path, monkeypatch):
+    model = SleepyMLP().eval()  # 2 ms per eager call; FastBackend skips the sleep
+    spec, data = record(model, batch_sizes=(2, 4))
+    accepts = type(spec).accepts
+
+    def slow_accepts(self, args, kwargs):  # a graph whose arguments take as long to match as the sleep saved
+        time.sleep(0.003)
+        return accepts(self, args, kwargs)
+
+    monkeypatch.setattr(type(spec), "accepts", slow_accepts)
+    with pytest.raises(NotFasterThanEagerError):
+        _strategy([FastBackend()], profile_at_recorded_shapes=True, min_speedup=1.05,
+                  dispatch_overhead_us=0.0).tune(model, "mlp", spec, data, "cpu", tmp_path)
+    report = _strategy([FastBackend()], profile_at_recorded_shapes=True, min_speedup=1.05).tune_with_report(
+        model, "mlp", spec, data, "cpu", tmp_path)  # no dispatch charged (AOT): matching is not measured either
+    assert isinstance(report.backend, FastBackend)
+
+
 def test_skip_single_layer_builds_nothing_for_one_torch_layer(tmp_path):
     layer = torch.nn.Linear(8, 8).eval()
     spec, data = record(layer, batch_sizes=(2, 4))
