@@ -66,7 +66,7 @@ class NodeRecording:
     def _copy_before(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | Exception | None:
         """A stateful node's copy of the arguments before its forward changes them (None when this call will not
         be recorded; the exception when they cannot be copied, handled after the call)."""
-        if self._recorder is None or self._tuning:
+        if self._recorder is None:
             return None
         too_large = state_too_large(args, kwargs)
         if too_large is not None:
@@ -126,13 +126,18 @@ class NodeRecording:
         before: tuple[tuple, dict] | Exception | None = None,
     ) -> None:
         recorder = self._recorder
-        if recorder is None or self._tuning:  # the worker reads the recorder now; this call stays eager
+        if recorder is None:
             return
+        # While the worker tunes this node, calls are still recorded (a graph first seen now - a prefill length, a
+        # batch size - is ready when the job ends, instead of being recorded only after it), but nothing else
+        # about the node changes: no transition, no re-tune count; the worker reads a snapshot of the recorder.
+        tuning = self._tuning
         after = None
         if watch is not None:
             changed = watch.changes()
             if changed is not None and not isinstance(before, tuple):
-                self._become_stateful(changed, before if before is not None else state_too_large(args, kwargs))
+                if not tuning:
+                    self._become_stateful(changed, before if before is not None else state_too_large(args, kwargs))
                 return
             if changed is not None:
                 after = (args, kwargs)  # the caller's containers and objects, as the forward left them
@@ -144,6 +149,8 @@ class NodeRecording:
         except Exception as exc:
             reason = f"its calls cannot be recorded ({type(exc).__name__}: {exc})"
             _logger.debug("Recording %s failed", self.path, exc_info=True)
+            if tuning:
+                return
             if self.state is NodeState.RECORDING:
                 self._go_eager(reason)
             else:
@@ -153,6 +160,8 @@ class NodeRecording:
         if spec is None:  # beyond config.max_num_graphs: the recorder warned once
             return
         if self._stateful and _never_repeats(recorder):
+            if tuning:
+                return
             self._not_replayable(f"{self._stateful}, and the state it changes has a new layout on every call "
                                  f"({recorder.total_calls} calls, each a graph of its own)")
             return
@@ -160,7 +169,7 @@ class NodeRecording:
         if name in self._failed:
             return
         if any(s.name == name for s, _ in self._entries):  # a tuned graph's call outside its ranges
-            if self._growth.missed(name):
+            if not tuning and self._growth.missed(name):
                 self._log(f"{self.short}: {jit_config.retune_after_misses} calls of graph {name} fell outside its "
                           f"tuned ranges; tuning it again over {_ranges(spec)}")
                 self._pending = True

@@ -281,7 +281,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
             if self._recordable(args, kwargs):
                 return self._dispatch(args, kwargs)
             return forward(*args, **kwargs)  # type: ignore[misc]
-        if state is NodeState.RECORDING and not self._tuning and self._recordable(args, kwargs):
+        if state is NodeState.RECORDING and self._recordable(args, kwargs):  # recorded during its job too
             return self._recorded_call(forward, args, kwargs)  # type: ignore[arg-type]
         return forward(*args, **kwargs)  # type: ignore[misc]
 

@@ -202,3 +202,26 @@ def test_inductor_s_one_symbolic_trace_is_primed_without_patching_module_call(mo
         assert torch.fx.symbolic_trace is not worker._identity_graph_module  # put back
     finally:
         InterpreterShim._dummy_gm.cache_clear()
+
+
+def test_calls_during_a_job_are_recorded_so_a_graph_first_seen_then_is_ready_when_it_ends(background):
+    """A generate loop's prefill of a new prompt length arrives while the decode graph is being tuned: it is
+    recorded then, and one more call of it after the job starts its tuning."""
+    CountingBackend.build_delay_s = 0.5
+    enable()
+    model = torch.nn.Linear(32, 32).eval()
+    flat, stacked = torch.randn(4, 32), torch.randn(2, 3, 32)
+    with torch.no_grad():
+        model(flat)
+        model(flat)  # graph 0 ready: queued
+        assert worker.pending()
+        model(stacked)
+        model(stacked)  # graph 1, seen while graph 0 is tuned
+        assert wait_until_tuned(timeout=30)
+        node = PatchedModule.of(model)
+        assert node.state is NodeState.TUNED and node._recorder.num_samples("1") == 2
+        model(stacked)  # outside graph 0: answered eagerly, and graph 1 is ready: queued at once
+        assert wait_until_tuned(timeout=30)
+    assert sorted(spec.name for spec, _backend in node._entries) == ["0", "1"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(stacked), torch.nn.functional.linear(stacked, model.weight, model.bias))
