@@ -12,8 +12,9 @@ tests/aitune_jit/test_real_workloads.py (CPU) run it plainly and under
 
 `--until-tuned S` (gpt2, unet) is for speed measurements of background tuning: while aitune's background
 worker still has work (read from `aitune_jit.worker` when the env var loaded it; the script itself imports nothing
-of aitune), the script keeps producing results, for at most S seconds, then produces the configured number once
-more, so the last result is the steady state; `tuned_after_s` says when the worker went idle.
+of aitune), the script keeps producing results, for at most S seconds, until one whole cycle of the configured
+results ran with the worker idle, then produces the configured number once more, so the last result is the
+steady state; `tuned_after_s` says when the worker went idle for good.
 
 Sizes: `tiny` is CI-sized (a few seconds on a 2-core CPU); `real` is GPT2Config() (124M) with prompts of 16/24/32
 tokens and an SD-1.5-shaped UNet2DConditionModel(sample_size=64, cross_attention_dim=768).
@@ -71,17 +72,28 @@ def _tuning_underway() -> bool:
 
 
 def _rounds(configured: int, clock: dict[str, float]) -> Iterator[int]:
-    """Round numbers: `configured` of them, then (with `--until-tuned`) more while tuning runs, then `configured`
-    again. Records in `clock` when the worker was first seen idle after the first rounds."""
+    """Round numbers: `configured` of them, then (with `--until-tuned`) more while tuning runs - until a whole
+    cycle of `configured` rounds ran with the worker idle (a graph seen for the first time in such a cycle, the
+    prefill of a prompt length not tuned yet, starts a new job) - then `configured` again. Records in `clock` when
+    the worker went idle for good (the start of the idle cycle)."""
     start = time.perf_counter()
     yield from range(configured)
     if UNTIL_TUNED_S <= 0 or "aitune_jit.worker" not in sys.modules:
         return
     extra = configured
-    while _tuning_underway() and time.perf_counter() - start < UNTIL_TUNED_S:
-        yield extra
-        extra += 1
-    clock["tuned_after_s"] = time.perf_counter() - start
+    while True:
+        while _tuning_underway() and time.perf_counter() - start < UNTIL_TUNED_S:
+            yield extra
+            extra += 1
+        idle_since = time.perf_counter() - start
+        busy = False
+        for _ in range(configured):
+            yield extra
+            extra += 1
+            busy = busy or _tuning_underway()
+        if not busy or time.perf_counter() - start >= UNTIL_TUNED_S:
+            break
+    clock["tuned_after_s"] = idle_since
     yield from range(extra, extra + configured)
 
 
