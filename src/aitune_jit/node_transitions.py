@@ -7,7 +7,8 @@ clean-up `_drop_forward`.
 
 Threads: with background tuning, `_try_tune` (on the calling thread) marks the node `_tuning` - its calls then
 run the original forward and are still recorded (the recorder hands the worker snapshots: lists of specs and
-samples that later calls do not change), but change nothing else about the node - and queues it; `_tune_queued` runs on the worker's job thread under the root's lock, computes the outcome and applies it
+samples that later calls do not change), but change nothing else about the node - and queues it;
+`_tune_queued` runs on the worker's job thread under the root's lock, computes the outcome and applies it
 between two calls: `_go_tuned` assigns the dispatcher before the state, so a concurrent call sees the old node or
 the new one. With `jit_config.blocking`, the call that made a graph ready does the same in its own thread.
 """

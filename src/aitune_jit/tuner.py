@@ -246,6 +246,9 @@ def _tune_graph(
     decisions.remember_backend(key, node, spec, report)
     measured = f", {speedup:.2f}x faster than eager at recorded shapes" if speedup is not None else ""
     _log(f"Tuning {node.short} took {elapsed:.2f}s: {report.backend.describe()} for graph {spec.name}{measured}")
+    regions = getattr(report.backend, "regions_summary", None)
+    if regions:
+        _log(f"  {node.short}: identical blocks compiled once per class as nested compile regions ({regions})")
     _log_rejected(node, report)
     return None
 

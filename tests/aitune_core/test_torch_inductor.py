@@ -345,6 +345,7 @@ def test_repeated_blocks_are_marked_while_the_backend_is_active(tmp_path, monkey
     backend.build(model, spec, data, torch.device("cpu"), tmp_path)
     marked = _Layer.__dict__["forward"]
     assert seen == [True] and marked is not original  # held while the compiled graph serves
+    assert backend.regions_summary == "4 _Layer blocks in 1 group"  # what the JIT's history says
     x = torch.randn(3, 8)
     with torch.no_grad():
         torch.testing.assert_close(backend.infer(x), model(x))
@@ -358,7 +359,7 @@ def test_repeated_blocks_are_marked_while_the_backend_is_active(tmp_path, monkey
     plain = TorchInductorBackend(TorchInductorBackendConfig(regions=False))
     seen.clear()
     plain.build(model, spec, data, torch.device("cpu"), tmp_path)
-    assert seen == [False]
+    assert seen == [False] and plain.regions_summary is None
 
 
 def test_a_compile_that_fails_with_regions_is_retried_without_and_remembers_it(tmp_path, monkeypatch):

@@ -417,6 +417,8 @@ def test_switching_the_jit_off_gives_a_marked_block_class_back(tmp_path):
             model(torch.randn(4, 8))
     assert PatchedModule.of(model).state is NodeState.TUNED, PatchedModule.history
     assert getattr(_Repeated.forward, "__aitune_region__", False)
+    assert any("identical blocks compiled once per class as nested compile regions (3 _Repeated blocks in 1 group)"
+               in line for line in PatchedModule.history), PatchedModule.history
     disable()
     gc.collect()
     assert _Repeated.__dict__["forward"] is original

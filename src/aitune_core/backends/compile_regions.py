@@ -191,6 +191,11 @@ class CompileRegions:
                 raise
         return cls(held, len(groups), sum(len(g) for g in groups))
 
+    def describe(self) -> str:
+        """`24 LlamaDecoderLayer blocks in 1 group`: what is traced once per class (for the history)."""
+        names = ", ".join(block_class.__name__ for block_class in self._classes)
+        return f"{self.blocks} {names} blocks in {self.groups} group{'s' if self.groups != 1 else ''}"
+
     def held_by(self, owner: object) -> CompileRegions:
         """Give the holds back when `owner` is garbage at the latest (a backend dropped without deactivation)."""
         weakref.finalize(owner, self.remove)

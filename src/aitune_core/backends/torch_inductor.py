@@ -45,10 +45,8 @@ Recompile limit
     `RECOMPILE_LIMIT` for their duration only.
 
 Deactivate
-    Drops the compiled wrapper and the references to the samples. `torch._dynamo.reset()` is global (it would throw
-    away every other compiled function in the process) and is deliberately not called. The generated code stays in
-    the cache of the backend's own entry function while the backend lives, so re-activating reuses it; a dropped
-    backend takes its compiled code with it.
+    Drops the compiled wrapper and the samples. `torch._dynamo.reset()` is global and deliberately not called. The
+    generated code stays with the backend's own entry function while the backend lives (re-activating reuses it).
 
 Checkpoint (`to_dict` / `from_dict`)
     Only the configuration, the output dtypes, the forward binder and the dynamic-axis marks are stored. The
@@ -238,6 +236,8 @@ class TorchInductorBackend(Backend):
         self._cudagraphs = False
         self._regions_off = False  # a compile with regions failed: this backend compiles without them
         self._regions: CompileRegions | None = None  # the classes marked while this backend is active
+        #: what its compile traced once per repeated block class (`CompileRegions.describe`), for the history
+        self.regions_summary: str | None = None
 
     @property
     def config(self) -> TorchInductorBackendConfig:
@@ -403,6 +403,7 @@ class TorchInductorBackend(Backend):
                              "without", self.describe(), used, str(exc).splitlines()[0] if str(exc) else exc)
                 self._unmark_regions()
                 self._regions_off = True
+                self.regions_summary = None
                 self._soft_marks = False
                 self._compiled = self._compile()
                 self._warm_up(ordered)
@@ -418,6 +419,7 @@ class TorchInductorBackend(Backend):
         if not self.config.regions or self._regions_off or self._module is None:
             return 0
         regions = self._regions = CompileRegions.install(self._module).held_by(self)
+        self.regions_summary = regions.describe() if regions.blocks else None
         if regions.blocks:
             _logger.debug("%s: %d blocks in %d groups compile as nested regions", self.describe(),
                           regions.blocks, regions.groups)
