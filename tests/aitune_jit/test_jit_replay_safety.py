@@ -157,13 +157,19 @@ class Pooling(torch.nn.Module):
         return features
 
 
-def test_a_forward_that_adds_keys_to_its_input_dict_is_tuned_and_the_tuned_call_adds_them_too():
+def _pooling(lengths: tuple[int, ...]) -> tuple[Pooling, list[torch.Tensor], list[torch.Tensor]]:
+    """A Pooling model, token batches of these lengths and its plain outputs for them."""
     torch.manual_seed(0)
     model = Pooling().eval()
     generator = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, 32, (2, n), generator=generator) for n in (5, 7, 6, 6, 7)]
+    batches = [torch.randint(0, 32, (2, n), generator=generator) for n in lengths]
     with torch.no_grad():
         expected = [model({"input_ids": ids})["sentence_embedding"] for ids in batches]
+    return model, batches, expected
+
+
+def test_a_forward_that_adds_keys_to_its_input_dict_is_tuned_and_the_tuned_call_adds_them_too():
+    model, batches, expected = _pooling((5, 7, 6, 6, 7))
     _setup()
     enable()
     with torch.no_grad():
@@ -185,12 +191,7 @@ def test_a_forward_that_adds_keys_to_its_input_dict_is_tuned_and_the_tuned_call_
 
 
 def test_with_stateful_calls_off_a_forward_that_adds_keys_stays_eager_and_its_encoder_is_tuned_and_used():
-    torch.manual_seed(0)
-    model = Pooling().eval()
-    generator = torch.Generator().manual_seed(0)
-    batches = [torch.randint(0, 32, (2, n), generator=generator) for n in (5, 7, 6, 9, 8)]
-    with torch.no_grad():
-        expected = [model({"input_ids": ids})["sentence_embedding"] for ids in batches]
+    model, batches, expected = _pooling((5, 7, 6, 9, 8))
     _setup()
     jit_config.stateful_calls = False
     enable()
@@ -254,55 +255,44 @@ def _decode(model: torch.nn.Module, steps: int = 8) -> tuple[list[torch.Tensor],
     return outputs, cache
 
 
-def test_a_module_that_grows_a_kv_cache_is_tuned_and_serves_on_the_callers_cache():
+def _decoded_plainly_then_under_the_jit(*backends: object) -> PatchedModule:
+    """Decode plainly, then with the JIT on (`backends`: jit_config.backends); outputs and the cache's state must
+    be the same either way (the cache is never replayed on). Returns the model's node."""
     torch.manual_seed(0)
     model = Step().eval()
     expected, expected_cache = _decode(model)
     _setup()
+    if backends:
+        jit_config.backends = list(backends)
     enable()
     outputs, cache = _decode(model)
-    node = PatchedModule.of(model)
+    assert cache.steps == expected_cache.steps == 8
+    torch.testing.assert_close(cache.keys, expected_cache.keys)
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want)
+    return PatchedModule.of(model)
+
+
+def test_a_module_that_grows_a_kv_cache_is_tuned_and_serves_on_the_callers_cache():
+    node = _decoded_plainly_then_under_the_jit()
     assert node.state is NodeState.TUNED
     assert any("changes its argument `cache` (KVCache); its calls are recorded on copies" in line
                for line in PatchedModule.history)
     assert CountingBackend.infers > 0
-    assert cache.steps == expected_cache.steps == 8  # never replayed on the caller's cache
-    torch.testing.assert_close(cache.keys, expected_cache.keys)
-    for got, want in zip(outputs, expected):
-        torch.testing.assert_close(got, want)
 
 
 def test_a_backend_that_leaves_the_kv_cache_behind_is_rejected():
-    torch.manual_seed(0)
-    model = Step().eval()
-    expected, expected_cache = _decode(model)
-    _setup()
-    jit_config.backends = [ForgetsTheCache()]
-    enable()
-    outputs, cache = _decode(model)
-    node = PatchedModule.of(model)
+    node = _decoded_plainly_then_under_the_jit(ForgetsTheCache())
     assert node.state is NodeState.EAGER
     assert "args[1].keys after the call has shape" in node.reason, node.reason
-    torch.testing.assert_close(cache.keys, expected_cache.keys)
-    for got, want in zip(outputs, expected):
-        torch.testing.assert_close(got, want)
 
 
 def test_a_kv_cache_too_large_to_copy_for_every_recorded_call_keeps_its_module_eager(monkeypatch):
     from aitune_jit import node_recording
 
     monkeypatch.setattr(node_recording, "STATEFUL_COPY_LIMIT_MB", 1e-4)  # about 100 bytes: the cache is larger
-    torch.manual_seed(0)
-    model = Step().eval()
-    expected, expected_cache = _decode(model)
-    _setup()
-    enable()
-    outputs, cache = _decode(model)
-    node = PatchedModule.of(model)
+    node = _decoded_plainly_then_under_the_jit()
     assert node.state is NodeState.EAGER
     assert "changes its argument `cache` (KVCache), and its arguments hold" in node.reason
     assert "STATEFUL_COPY_LIMIT_MB=0.0001" in node.reason
     assert [child.state for child in node.children] == [NodeState.TUNED, NodeState.TUNED]
-    torch.testing.assert_close(cache.keys, expected_cache.keys)
-    for got, want in zip(outputs, expected):
-        torch.testing.assert_close(got, want)
