@@ -43,6 +43,8 @@ class NodeRecording:
     def _recorded_call(self, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """Run the original forward and record the call: inputs as they were before it ran, and whether it
         changed them (a forward that changes its arguments cannot be replayed for tuning)."""
+        if self._tuning and self._seen_enough(args, kwargs):  # during its job only new graphs are recorded
+            return forward(*args, **kwargs)
         watch = self._watch(args, kwargs)
         before = self._copy_before(args, kwargs) if self._stateful else None
         output = forward(*args, **kwargs)
@@ -62,6 +64,15 @@ class NodeRecording:
         except Exception as exc:
             _logger.debug("%s: cannot watch the arguments of this call (%r)", self.path, exc)
             return None
+
+    def _seen_enough(self, args: tuple, kwargs: dict) -> bool:
+        """The call's graph has `min_samples` recordings already: while the worker tunes the node, such calls are
+        not recorded (no watch, no copy of a stateful call's cache on the serving thread)."""
+        recorder = self._recorder
+        try:
+            return recorder is not None and recorder.recorded_at_least(args, kwargs, jit_config.min_samples)
+        except Exception:
+            return False
 
     def _copy_before(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | Exception | None:
         """A stateful node's copy of the arguments before its forward changes them (None when this call will not

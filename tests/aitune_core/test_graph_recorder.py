@@ -230,3 +230,15 @@ def test_thread_safety_smoke():
     for spec in rec.graph_specs:
         assert spec.input_spec.tensors[0].min_shape[0] == 1
         assert spec.input_spec.tensors[0].max_shape[0] == 8
+
+
+def test_recorded_at_least_counts_the_calls_of_the_graph_a_call_belongs_to():
+    net = Net()
+    rec = GraphRecorder(net)
+    x = torch.randn(2, 3)
+    assert not rec.recorded_at_least((x,), {}, 1)
+    _record(rec, net, x)
+    _record(rec, net, torch.randn(4, 3))  # the same graph at another size
+    assert rec.recorded_at_least((torch.randn(8, 3),), {}, 2) and not rec.recorded_at_least((x,), {}, 3)
+    assert not rec.recorded_at_least((torch.randn(2, 3, 4),), {}, 1)  # another rank: another graph
+    assert not rec.recorded_at_least((x,), {"unknown": 1}, 1)  # a call the signature refuses: not known

@@ -215,11 +215,13 @@ def test_calls_during_a_job_are_recorded_so_a_graph_first_seen_then_is_ready_whe
         model(flat)
         model(flat)  # graph 0 ready: queued
         assert worker.pending()
+        model(flat)  # graph 0 has its samples: not recorded again while it is tuned
         model(stacked)
         model(stacked)  # graph 1, seen while graph 0 is tuned
         assert wait_until_tuned(timeout=30)
         node = PatchedModule.of(model)
         assert node.state is NodeState.TUNED and node._recorder.num_samples("1") == 2
+        assert node._recorder.num_samples("0") == 2
         model(stacked)  # outside graph 0: answered eagerly, and graph 1 is ready: queued at once
         assert wait_until_tuned(timeout=30)
     assert sorted(spec.name for spec, _backend in node._entries) == ["0", "1"]

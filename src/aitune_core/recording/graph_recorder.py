@@ -260,6 +260,18 @@ class GraphRecorder:
         """How many calls were recorded for a graph (every call, not only the stored ones)."""
         return self._state(graph_spec).num_calls
 
+    def recorded_at_least(self, args: Sequence[Any], kwargs: Mapping[str, Any], count: int) -> bool:
+        """Whether the graph this call belongs to has `count` recorded calls already (computing the call's
+        identity only: nothing is copied). A caller that needs only graphs it has not seen enough of skips the
+        others' calls with it."""
+        try:
+            binder, bound = self._bind(tuple(args), dict(kwargs))
+            values, treedef = flatten_values(bound)
+            state = self._graphs.get((binder, *call_identity(values, treedef, self.strict)))
+        except Exception:
+            return False
+        return state is not None and state.num_calls >= count
+
     def match(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> GraphSpec | None:
         """The first graph that `accepts` the call (identity matches and shapes are in range), or None."""
         for spec in self._specs:
