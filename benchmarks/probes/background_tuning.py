@@ -8,6 +8,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
 - `eager`: the plain script;
 - `jit-cold`: the same script under `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` with an empty JIT cache
   folder (and Inductor's cache under it): tuning runs on the background worker while requests are served;
+- `jit-cold-thread`: as `jit-cold` with `AITUNE_WORKER_COMPILE=thread` (Inductor's code generation on the job
+  thread instead of its compile process) and a cache folder of its own;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
 - `jit-blocking`: `AITUNE_JIT_BLOCKING=1`, for the steady state of the old behaviour;
 - `compile-dynamic`: `torch.compile(model, dynamic=True)`, an empty Inductor cache (the reference for
@@ -53,7 +55,8 @@ WORKLOADS = {
             "bert-varlen": ("bert_base", "varlen")},
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
-CONTENDERS = ("eager", "jit-cold", "jit-warm", "jit-blocking", "compile-cold", "compile-warm", "compile-dynamic")
+CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-warm", "jit-blocking", "compile-cold", "compile-warm",
+              "compile-dynamic")
 CHECK_SEEDS = (1000, 1001)
 #: frames kept per sampled stack (innermost last)
 STACK_DEPTH = 8
@@ -218,6 +221,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
         env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_CACHE_DIR=str(jit_cache))
         if contender == "jit-blocking":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-blocking"), AITUNE_JIT_BLOCKING="1")
+        if contender == "jit-cold-thread":
+            env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-thread"), AITUNE_WORKER_COMPILE="thread")
     if contender.startswith("compile"):  # compile-warm reuses compile-cold's cache; compile-dynamic has its own
         suffix = "-dynamic" if contender == "compile-dynamic" else ""
         env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / f"{model}-{schedule}-inductor{suffix}")
@@ -298,6 +303,12 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
         "eager_p99_ms": 1e3 * eager_p99 if eager_p99 else None,
         "during_p99_over_eager_p99": _ratio(cold.get("during_p99_ms"), 1e3 * eager_p99 if eager_p99 else None),
         "during_max_over_eager_p99": _ratio(cold.get("during_max_ms"), 1e3 * eager_p99 if eager_p99 else None),
+        "thread_during_p99_over_eager_p99": _ratio(rows["jit-cold-thread"].get("during_p99_ms"),
+                                                   1e3 * eager_p99 if eager_p99 else None),
+        "thread_during_max_over_eager_p99": _ratio(rows["jit-cold-thread"].get("during_max_ms"),
+                                                   1e3 * eager_p99 if eager_p99 else None),
+        "thread_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-thread"].get("time_to_tuned_s"),
+                                                               rows["compile-cold"].get("first_call_s")),
         "cold_time_to_tuned_over_compile_first_call": _ratio(cold.get("time_to_tuned_s"),
                                                              rows["compile-cold"].get("first_call_s")),
         "warm_over_cold_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"), cold.get("time_to_tuned_s")),
