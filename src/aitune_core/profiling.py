@@ -35,8 +35,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,6 +92,22 @@ class Measurement:
 def throughput(batch_size: int, latency_ms: float) -> float:
     """Samples per second for `batch_size` samples per call taking `latency_ms`."""
     return batch_size * 1000.0 / max(latency_ms, 1e-9)
+
+
+@contextlib.contextmanager
+def timing_unpaused() -> Iterator[None]:
+    """Timed calls run without a profile function that pauses this thread (one with `suspend_while_timing`,
+    such as a background tuning job's, which waits while requests are served): a pause inside a timed call
+    would be measured as the backend's time."""
+    hook = sys.getprofile()
+    if not getattr(hook, "suspend_while_timing", False):
+        yield
+        return
+    sys.setprofile(None)
+    try:
+        yield
+    finally:
+        sys.setprofile(hook)
 
 
 def _resolve_device(device: torch.device | str | None, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.device:
@@ -154,7 +171,7 @@ def measure_all(
     cuda = dev.type == "cuda" and torch.cuda.is_available()
     prepare = _preparer(fn)
 
-    with torch.no_grad():
+    with torch.no_grad(), timing_unpaused():
         for _ in range(max(warmup, 0)):
             fn(*args, **kwargs)
         if cuda:
@@ -294,7 +311,7 @@ def compare(
     budget_s = (settings.cuda_budget_s if cuda else settings.cpu_budget_s) if budget_s is None else budget_s
     min_rounds = max(1, settings.min_rounds if min_rounds is None else min_rounds)
     context = torch.cuda.device(dev) if cuda else contextlib.nullcontext()
-    with torch.no_grad(), context:
+    with torch.no_grad(), context, timing_unpaused():
         for fn in fns:
             _timed_calls(fn, args, kwargs, max(warmup, 0), cuda)
         # one timed call each (the slowest decides) sets how many calls make a round of about `round_s`

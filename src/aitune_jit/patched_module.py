@@ -41,6 +41,7 @@ from aitune_jit.node_views import NodeViews, format_count
 from aitune_jit.range_growth import RangeGrowth
 from aitune_jit.runtime import CANDIDATE, NODE_ATTR, in_dynamo_region, is_compiling, skip_as_top_frame, tls
 from aitune_jit.state import NodeState
+from aitune_jit.worker_yield import request_finished, request_started
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
@@ -193,11 +194,16 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         if not self._started:
             self._start()
         stack = tls.stack
+        outermost = not stack  # a request: a background job steps aside while it runs (worker_yield)
+        if outermost:
+            request_started()
         stack.append(self)
         try:
             return call(module, args, kwargs)
         finally:
             stack.pop()
+            if outermost:
+                request_finished()
             state = self.state
             if state is NodeState.EAGER or state is NodeState.SKIPPED:
                 self._settle()

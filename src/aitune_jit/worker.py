@@ -14,7 +14,8 @@ node, never half of it.
 - The job (the node's `_tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
   `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches; it hands the
   GIL back quickly and keeps garbage collections small (`worker_courtesy.courteous`); Inductor's code
-  generation runs in a compile process of its own (`worker_compile_process`).
+  generation runs in a compile process of its own (`worker_compile_process`), and the rest steps aside while a
+  request is being served (`worker_yield`).
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
   short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
   interpreter exit the running job is cancelled (`TuningCancelled`, raised in its thread) and the worker waits at
@@ -46,6 +47,7 @@ from aitune_jit.outcome import TuningOutcome
 from aitune_jit.tuning_order import expected_gain, pick_next
 from aitune_jit.worker_compile_process import compiles_in_subprocess
 from aitune_jit.worker_courtesy import courteous
+from aitune_jit.worker_yield import steps_aside
 
 if TYPE_CHECKING:
     from aitune_jit.outcome import TuningNode
@@ -191,7 +193,7 @@ class TuningWorker:
             if node is None:
                 return
             prime_inductor_without_fx_patching()
-            with _own_stream(node), courteous(), compiles_in_subprocess():
+            with _own_stream(node), courteous(), compiles_in_subprocess(), steps_aside():
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)
