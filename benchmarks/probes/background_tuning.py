@@ -10,6 +10,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
   folder (and Inductor's cache under it): tuning runs on the background worker while requests are served;
 - `jit-cold-thread`: as `jit-cold` with `AITUNE_WORKER_COMPILE=thread` (Inductor's code generation on the job
   thread instead of its compile process) and a cache folder of its own;
+- `jit-cold-nostep`: as `jit-cold` with `AITUNE_WORKER_YIELD_MS=0` (the job does not step aside while a
+  request is served) and a cache folder of its own;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
 - `jit-blocking`: `AITUNE_JIT_BLOCKING=1`, for the steady state of the old behaviour;
 - `compile-dynamic`: `torch.compile(model, dynamic=True)`, an empty Inductor cache (the reference for
@@ -55,8 +57,8 @@ WORKLOADS = {
             "bert-varlen": ("bert_base", "varlen")},
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
-CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-warm", "jit-blocking", "compile-cold", "compile-warm",
-              "compile-dynamic")
+CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-warm", "jit-blocking", "compile-cold",
+              "compile-warm", "compile-dynamic")
 CHECK_SEEDS = (1000, 1001)
 #: frames kept per sampled stack (innermost last)
 STACK_DEPTH = 8
@@ -221,6 +223,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
         env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_CACHE_DIR=str(jit_cache))
         if contender == "jit-blocking":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-blocking"), AITUNE_JIT_BLOCKING="1")
+        if contender == "jit-cold-nostep":
+            env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-nostep"), AITUNE_WORKER_YIELD_MS="0")
         if contender == "jit-cold-thread":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-thread"), AITUNE_WORKER_COMPILE="thread")
     if contender.startswith("compile"):  # compile-warm reuses compile-cold's cache; compile-dynamic has its own
@@ -307,6 +311,12 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
                                                    1e3 * eager_p99 if eager_p99 else None),
         "thread_during_max_over_eager_p99": _ratio(rows["jit-cold-thread"].get("during_max_ms"),
                                                    1e3 * eager_p99 if eager_p99 else None),
+        "nostep_during_p99_over_eager_p99": _ratio(rows["jit-cold-nostep"].get("during_p99_ms"),
+                                                   1e3 * eager_p99 if eager_p99 else None),
+        "nostep_during_max_over_eager_p99": _ratio(rows["jit-cold-nostep"].get("during_max_ms"),
+                                                   1e3 * eager_p99 if eager_p99 else None),
+        "nostep_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-nostep"].get("time_to_tuned_s"),
+                                                               rows["compile-cold"].get("first_call_s")),
         "thread_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-thread"].get("time_to_tuned_s"),
                                                                rows["compile-cold"].get("first_call_s")),
         "cold_time_to_tuned_over_compile_first_call": _ratio(cold.get("time_to_tuned_s"),
@@ -348,7 +358,7 @@ def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, flo
                       str(row["root_state"] or ""),
                       _fmt(row.get("max_abs_diff_vs_eager"), 6) if "max_abs_diff_vs_eager" in row else "-",
                       str(row.get("exit_status", "")))
-    console = Console()
+    console = Console(width=max(Console().width, 160))  # a log file is narrow otherwise
     console.print(table)
     console.print({k: round(v, 3) if isinstance(v, float) else v for k, v in ratio.items()})
 

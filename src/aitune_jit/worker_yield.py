@@ -16,7 +16,7 @@ lasts `max_wait_s()` is followed by `RUN_SLICE_S` of running regardless, so a sa
 job holding a lock a request needs is released the same way. Timed calls run without the profile function
 (`aitune_core.profiling` removes a profile function marked `suspend_while_timing`).
 
-`AITUNE_WORKER_YIELD_MS`: the longest wait in milliseconds (default 50; 0 turns stepping aside off).
+`AITUNE_WORKER_YIELD_MS`: the longest wait in milliseconds (default 25; 0 turns stepping aside off).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 _logger = logging.getLogger("aitune.jit")
 
-DEFAULT_MAX_WAIT_S = 0.05
+DEFAULT_MAX_WAIT_S = 0.025
 #: after a wait that ran out, the job runs this long before it steps aside again
 RUN_SLICE_S = 0.01
 
