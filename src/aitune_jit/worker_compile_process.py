@@ -98,10 +98,14 @@ def _enter() -> bool:
             _saved_mode = compile_fx.fx_compile_mode
             compile_fx.fx_compile_mode = compile_fx.FxCompileMode.SUBPROCESS
         _active += 1
-    if not _start_pool():
+    try:
+        started = _start_pool()
+    except BaseException:  # the job cancelled at exit (worker.TuningCancelled) while the process starts
         _leave()
-        return False
-    return True
+        raise
+    if not started:
+        _leave()
+    return started
 
 
 def _start_pool() -> bool:
