@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aitune_jit import capture_guard
 from aitune_jit.config import jit_config
 from aitune_jit.outcome import TuningOutcome
 from aitune_jit.tuning_order import expected_gain, pick_next
@@ -193,6 +194,8 @@ class TuningWorker:
             if node is None:
                 return
             prime_inductor_without_fx_patching()
+            if torch.cuda.is_available():
+                capture_guard.install()  # the job and the application capture and synchronize concurrently
             with _own_stream(node), courteous(), compiles_in_subprocess(), steps_aside():
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence

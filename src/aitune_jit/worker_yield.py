@@ -30,6 +30,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from aitune_jit.capture_guard import capturing_here
+
 _logger = logging.getLogger("aitune.jit")
 
 DEFAULT_MAX_WAIT_S = 0.025
@@ -86,8 +88,8 @@ class _StepAside:
         self.waits = 0
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        if not _inflight or (self.free_until and time.monotonic() < self.free_until):
-            return
+        if not _inflight or (self.free_until and time.monotonic() < self.free_until) or capturing_here():
+            return  # (a paused capture would hold up every device synchronization of the requests)
         self._wait()
 
     def _wait(self) -> None:
