@@ -144,3 +144,15 @@ def test_the_hook_counts_one_request_per_outermost_call():
     model(torch.ones(2))
     assert seen == [("root", 1), ("child", 1)]
     assert wy.requests_in_flight() == 0
+
+
+def test_a_job_that_captures_a_cuda_graph_does_not_step_aside(job, monkeypatch):
+    """A paused capture would hold up every device synchronization of the requests (capture_guard)."""
+    monkeypatch.setattr(wy, "capturing_here", lambda: True)
+    wy.request_started()
+    try:
+        before = job.count
+        time.sleep(0.1)
+        assert job.count > before + 100
+    finally:
+        wy.request_finished()
