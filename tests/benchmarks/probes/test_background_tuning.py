@@ -25,6 +25,8 @@ def test_summary_splits_requests_at_the_switch_and_compares_outputs():
     assert summary["time_to_tuned_s"] == 0.7 + 0.004
     assert summary["during_max_ms"] == 500.0 and summary["during_p50_ms"] == (20.0 + 500.0) / 2
     assert summary["after_p50_ms"] == 7.0  # the first tuned request is left out of the steady state
+    slow_first = dict(jit, rows=[_row(0.0, 0.9, False), *jit["rows"][1:]])
+    assert bench.summarize(slow_first, eager)["during_max_after_first_ms"] == 500.0  # start-up reported apart
     assert abs(summary["max_abs_diff_vs_eager"] - 1e-6) < 1e-9
     assert summary["root_state"] == "tuned"
 
