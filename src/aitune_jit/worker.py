@@ -196,7 +196,7 @@ class TuningWorker:
             prime_inductor_without_fx_patching()
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
-            with _own_stream(node), courteous(), compiles_in_subprocess(), steps_aside():
+            with steps_aside(), _own_stream(node), courteous(), compiles_in_subprocess():  # (waits from the start)
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)
