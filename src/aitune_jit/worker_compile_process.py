@@ -34,6 +34,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from aitune_jit.worker_env import env_choice
+
 _logger = logging.getLogger("aitune.jit")
 
 PLACES = ("subprocess", "thread")
@@ -46,11 +48,7 @@ _broken = False  # the compile process died: compile in this process from now on
 
 def compile_place() -> str:
     """`AITUNE_WORKER_COMPILE`: where a background job's Inductor compiles run (module docstring)."""
-    text = os.environ.get("AITUNE_WORKER_COMPILE", "subprocess").strip().lower()
-    if text not in PLACES:
-        _logger.warning("AITUNE_WORKER_COMPILE=%r is none of %s; using subprocess", text, ", ".join(PLACES))
-        return "subprocess"
-    return text
+    return env_choice("AITUNE_WORKER_COMPILE", PLACES, "subprocess")
 
 
 def _torch_compile_fx() -> Any | None:

@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import os
 import sys
 import threading
 from collections.abc import Iterator
+
+from aitune_jit.worker_env import env_choice, env_number
 
 _logger = logging.getLogger("aitune.jit")
 
@@ -42,25 +43,13 @@ _saved_interval: float | None = None
 
 def switch_interval_s() -> float | None:
     """The interval during a job, from `AITUNE_WORKER_SWITCH_US` (None: leave the interpreter's own)."""
-    text = os.environ.get("AITUNE_WORKER_SWITCH_US")
-    if text is None:
-        return DEFAULT_SWITCH_INTERVAL_S
-    try:
-        value = float(text)
-    except ValueError:
-        _logger.warning("AITUNE_WORKER_SWITCH_US=%r is not a number; using %g us", text,
-                        1e6 * DEFAULT_SWITCH_INTERVAL_S)
-        return DEFAULT_SWITCH_INTERVAL_S
+    value = env_number("AITUNE_WORKER_SWITCH_US", 1e6 * DEFAULT_SWITCH_INTERVAL_S)
     return value * 1e-6 if value > 0 else None
 
 
 def gc_policy() -> str:
     """`AITUNE_WORKER_GC`: freeze (default), pause or keep (see the module docstring)."""
-    text = os.environ.get("AITUNE_WORKER_GC", "freeze").strip().lower()
-    if text not in GC_POLICIES:
-        _logger.warning("AITUNE_WORKER_GC=%r is none of %s; using freeze", text, ", ".join(GC_POLICIES))
-        return "freeze"
-    return text
+    return env_choice("AITUNE_WORKER_GC", GC_POLICIES, "freeze")
 
 
 @contextlib.contextmanager

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from aitune_jit.capture_guard import capturing_here
+from aitune_jit.worker_env import env_number
 
 _logger = logging.getLogger("aitune.jit")
 
@@ -65,15 +65,7 @@ def requests_in_flight() -> int:
 
 def max_wait_s() -> float:
     """`AITUNE_WORKER_YIELD_MS` in seconds (0: the job never steps aside)."""
-    text = os.environ.get("AITUNE_WORKER_YIELD_MS")
-    if text is None:
-        return DEFAULT_MAX_WAIT_S
-    try:
-        value = float(text)
-    except ValueError:
-        _logger.warning("AITUNE_WORKER_YIELD_MS=%r is not a number; using %g ms", text, 1e3 * DEFAULT_MAX_WAIT_S)
-        return DEFAULT_MAX_WAIT_S
-    return max(value, 0.0) / 1e3
+    return max(env_number("AITUNE_WORKER_YIELD_MS", 1e3 * DEFAULT_MAX_WAIT_S), 0.0) / 1e3
 
 
 class _StepAside:

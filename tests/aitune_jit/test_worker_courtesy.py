@@ -45,5 +45,5 @@ def test_bad_values_warn_and_fall_back_to_the_defaults(monkeypatch, caplog):
     monkeypatch.setenv("AITUNE_WORKER_SWITCH_US", "fast")
     with caplog.at_level(logging.WARNING, logger="aitune.jit"):
         assert wc.gc_policy() == "freeze"
-        assert wc.switch_interval_s() == wc.DEFAULT_SWITCH_INTERVAL_S
+        assert wc.switch_interval_s() == pytest.approx(wc.DEFAULT_SWITCH_INTERVAL_S)
     assert "AITUNE_WORKER_GC" in caplog.text and "AITUNE_WORKER_SWITCH_US" in caplog.text
