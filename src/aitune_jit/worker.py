@@ -13,9 +13,9 @@ node, never half of it.
   whatever the abandoned thread produces later is discarded (`abandoned()`).
 - The job (the node's `_tune_queued`) bypasses the hook for its thread (nothing it runs is recorded), runs under
   `torch.no_grad()` and, on CUDA, on a stream of its own, synchronized before the node switches; it hands the
-  GIL back quickly and keeps garbage collections small (`worker_courtesy.courteous`); Inductor's code
-  generation runs in a compile process of its own (`worker_compile_process`), and the rest steps aside while a
-  request is being served (`worker_yield`).
+  GIL back quickly and keeps garbage collections small (`worker_courtesy.courteous`), and steps aside while a
+  request is being served (`worker_yield`); with `AITUNE_WORKER_COMPILE=subprocess` Inductor's code generation
+  runs in a compile process of its own (`worker_compile_process`).
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
   short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
   interpreter exit the running job is cancelled (`TuningCancelled`, raised in its thread) and the worker waits at

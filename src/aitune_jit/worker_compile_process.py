@@ -1,27 +1,29 @@
-"""Inductor's code generation in a separate process while a background tuning job runs.
+"""Inductor's code generation in a separate process while a background tuning job runs (opt-in).
 
-Why: a tuning job shares one GIL with the threads that serve requests, and most of an Inductor compile is
-CPython bytecode (lowering, scheduling, code generation). `worker_courtesy` makes the job hand the GIL back
-quickly, but while both threads want it they still take turns, so eager requests slow down for as long as the
-compile lasts. Moving that part to another process gives it its own interpreter. Measured on this 2-core CPU
-(a 4-layer BERT served every 10 ms while a 6-layer BERT compiled, 10 us switch interval for both): p99 50.6 ms
--> 40.5 ms, slowest request 343 ms -> 65 ms; the compile took 21.2 s instead of 16.8 s, the extra being the
-first spawn of the compile process.
+Why it exists: a tuning job shares one GIL with the threads that serve requests, and a good part of an Inductor
+compile is CPython bytecode (lowering, scheduling, code generation); another process has its own interpreter.
+On this 2-core CPU (a 4-layer BERT served every 10 ms while a 6-layer BERT compiled) it lowered the slowest
+request from 343 to 65 ms. Why it is off by default: on an H100 serving ResNet-50 and BERT-base
+(`benchmarks/probes/background_tuning.py`, contenders `jit-cold` and `jit-cold-thread`, results
+`background_tuning-h100-*-subprocess-bcb4a70.json` and `-place-21291eb.json`) it changed no latency figure beyond
+run-to-run noise, because dynamo's trace, AOTAutograd, loading the generated code, validation and measurement
+stay on the job thread; and with the job stepping aside for requests (`worker_yield`) it made tuning slower
+(ResNet-50 tuned after 70.0 s against 50.6 s): the spawn, the pickling of the graph and its fake inputs and the
+return trip are paid while the job gets only idle moments.
 
 torch ships the mechanism: `torch._inductor.compile_fx.fx_compile_mode` (`TORCHINDUCTOR_FX_COMPILE_MODE=
 subprocess`). Each graph that AOTAutograd hands to Inductor is pickled to one spawned compile process
 (`_SubprocessFxCompile`), whose generated code comes back and is loaded here; a graph that cannot be pickled is
-compiled in this process as before. Inductor's caches are shared with that process, so a later run hits them
-the same way. Dynamo's trace, AOTAutograd, validation and measurement stay on the job thread.
+compiled in this process as before. Inductor's caches are shared with that process.
 
 The mode is one module-level value of torch, read at each compile: it is set while a job runs and restored
 when the last running job ends (a compile the application starts itself meanwhile also goes to the compile
 process, with the same result). A program that chose a mode itself (`TORCHINDUCTOR_FX_COMPILE_MODE`) keeps it.
-The compile process is started at the first job, so its start-up overlaps the job's dynamo trace. If it dies,
+The compile process is started at the job's start, so its start-up overlaps the job's dynamo trace. If it dies,
 the jobs after it compile in this process (one warning). A forked child gets the mode the parent had before
 any job.
 
-`AITUNE_WORKER_COMPILE`: `subprocess` (default) or `thread` (compile on the job thread).
+`AITUNE_WORKER_COMPILE`: `thread` (default: compile on the job thread) or `subprocess`.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ _broken = False  # the compile process died: compile in this process from now on
 
 def compile_place() -> str:
     """`AITUNE_WORKER_COMPILE`: where a background job's Inductor compiles run (module docstring)."""
-    return env_choice("AITUNE_WORKER_COMPILE", PLACES, "subprocess")
+    return env_choice("AITUNE_WORKER_COMPILE", PLACES, "thread")
 
 
 def _torch_compile_fx() -> Any | None:

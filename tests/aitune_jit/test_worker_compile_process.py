@@ -1,6 +1,6 @@
-"""aitune_jit/worker_compile_process.py: a background job sends Inductor's code generation to torch's compile
-process and puts torch's mode back afterwards; a program's own mode, `AITUNE_WORKER_COMPILE=thread`, a dead
-compile process and a fork are respected."""
+"""aitune_jit/worker_compile_process.py: with `AITUNE_WORKER_COMPILE=subprocess` a background job sends Inductor's
+code generation to torch's compile process and puts torch's mode back afterwards; the default (`thread`), a
+program's own mode, a dead compile process and a fork are respected."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def fake_pool(monkeypatch):
     pool = types.SimpleNamespace(running=True)
     monkeypatch.setattr(wcp, "_pool", lambda: pool)
     monkeypatch.setattr(wcp, "_broken", False)
-    monkeypatch.delenv("AITUNE_WORKER_COMPILE", raising=False)
+    monkeypatch.setenv("AITUNE_WORKER_COMPILE", "subprocess")
     assert compile_fx.fx_compile_mode == MODES.NORMAL
     return pool
 
@@ -46,13 +46,17 @@ def test_an_abandoned_job_still_running_keeps_the_mode_until_the_last_one_ends(f
     assert compile_fx.fx_compile_mode == MODES.NORMAL
 
 
-def test_thread_keeps_compiles_on_the_job_thread_and_a_wrong_value_warns(fake_pool, monkeypatch, caplog):
-    monkeypatch.setenv("AITUNE_WORKER_COMPILE", "thread")
-    with wcp.compiles_in_subprocess() as on:
-        assert not on and compile_fx.fx_compile_mode == MODES.NORMAL
+def test_thread_is_the_default_and_a_wrong_value_warns(fake_pool, monkeypatch, caplog):
+    for value in ("thread", None):
+        if value is None:
+            monkeypatch.delenv("AITUNE_WORKER_COMPILE")
+        else:
+            monkeypatch.setenv("AITUNE_WORKER_COMPILE", value)
+        with wcp.compiles_in_subprocess() as on:
+            assert not on and compile_fx.fx_compile_mode == MODES.NORMAL
     monkeypatch.setenv("AITUNE_WORKER_COMPILE", "elsewhere")
     with caplog.at_level(logging.WARNING, logger="aitune.jit"), wcp.compiles_in_subprocess() as on:
-        assert on
+        assert not on
     assert "AITUNE_WORKER_COMPILE='elsewhere'" in caplog.text
 
 
@@ -87,7 +91,7 @@ def test_a_forked_child_starts_with_the_normal_mode_and_without_the_parents_proc
 def test_a_real_compile_runs_in_the_compile_process_and_gives_the_eager_answer(monkeypatch, tmp_path):
     """One real compile through torch's compile process (it is spawned once per test process)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.delenv("AITUNE_WORKER_COMPILE", raising=False)
+    monkeypatch.setenv("AITUNE_WORKER_COMPILE", "subprocess")
     counts = compile_fx.FxCompile._compile_stats
     from torch._inductor.compile_fx_subproc import _SubprocessFxCompile
 
