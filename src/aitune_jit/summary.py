@@ -83,8 +83,13 @@ def summary_lines() -> list[str]:
         )
         lines.append(f"  🎯 {record.path} ({record.short}, level {record.level}): {', '.join(record.backends)}{speed}")
     unfinished = unfinished_at_exit()
-    if unfinished:
-        lines.append(f"  ⏳ still tuning at exit (ran eagerly): {', '.join(unfinished[:10])}")
+    tuned_paths = {node.path for node in nodes if node.state is NodeState.TUNED}
+    untuned = [path for path in unfinished if path not in tuned_paths]
+    more = [path for path in unfinished if path in tuned_paths]  # tuned, with another graph still in its job
+    if untuned:
+        lines.append(f"  ⏳ still tuning at exit (ran eagerly): {', '.join(untuned[:10])}")
+    if more:
+        lines.append(f"  ⏳ still tuning more shapes at exit (only those calls ran eagerly): {', '.join(more[:10])}")
     for node in nodes:
         if node.state is NodeState.TUNED and node.fallbacks:
             lines.append(f"  ↪ {node.path}: {node.fallbacks} call(s) outside the tuned shape ranges ran eagerly")

@@ -95,6 +95,21 @@ def test_stop_at_exit_reports_unfinished_jobs(background):
         worker._unfinished.clear()
 
 
+def test_a_tuned_module_still_tuning_more_shapes_at_exit_is_not_reported_as_eager(background):
+    """Its tuned shapes ran tuned; only the calls of the graph still in its job ran eagerly."""
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    assert wait_until_tuned(timeout=30) and PatchedModule.of(model).state is NodeState.TUNED
+    worker._unfinished[:] = ["MLP"]
+    try:
+        lines = summary.summary_lines()
+        assert any("still tuning more shapes at exit (only those calls ran eagerly): MLP" in line for line in lines)
+        assert not any("still tuning at exit (ran eagerly)" in line for line in lines)
+    finally:
+        worker._unfinished.clear()
+
+
 def test_at_exit_a_running_job_is_cancelled_and_its_thread_ends_before_the_interpreter_finalizes(background):
     """A daemon thread still inside torch's C++ code when the interpreter finalizes aborts the process; `stop`
     raises `TuningCancelled` in the job thread, which leaves its Python loop at once."""
