@@ -150,10 +150,13 @@ def export_example(graph_spec: GraphSpec, data: Sequence[Sample], device: torch.
 
 
 def export_program(
-    module: torch.nn.Module, graph_spec: GraphSpec, data: Sequence[Sample], device: torch.device
+    module: torch.nn.Module, graph_spec: GraphSpec, data: Sequence[Sample], device: torch.device, *,
+    strict: bool = False,
 ) -> torch.export.ExportedProgram:
     """`torch.export` of `FlatModule(module, graph_spec)`, each batch / dynamic axis `Dim.DYNAMIC(min, max)` of its
-    recorded range (relations between axes are left to torch.export); used by `TorchTensorRTBackend`."""
+    recorded range (relations between axes are left to torch.export); used by `TorchTensorRTBackend` and
+    `aitune_core.aoti_packaging` (`strict`: dynamo's trace, which changes nothing that another thread's calls of
+    the module see; the non-strict trace runs the module's Python with its submodules' calls intercepted)."""
     from torch.export import Dim
 
     check_flat_graph(graph_spec, data)
@@ -164,7 +167,7 @@ def export_program(
     )
     try:
         with torch.no_grad(), preserved_training_flags(module):
-            return torch.export.export(FlatModule(module, graph_spec), example, dynamic_shapes=(dims,), strict=False)
+            return torch.export.export(FlatModule(module, graph_spec), example, dynamic_shapes=(dims,), strict=strict)
     except Exception as exc:
         raise BackendBuildError(f"torch.export of graph {graph_spec.name} failed: {type(exc).__name__}: "
                                 f"{_first_lines(exc)}") from exc
