@@ -226,3 +226,39 @@ def test_a_compiled_backend_refusing_while_fx_traces_elsewhere_is_answered_by_th
     assert blamed == [] and len(served) == 1
     torch.testing.assert_close(dispatcher(x), model(x))  # the flag is down: the backend answers again
     assert blamed == [] and len(served) == 2
+
+
+def test_dynamo_tracing_into_another_threads_fx_patch_is_not_the_backends_fault(tmp_path):
+    """While another thread's make_fx or torch.export patches `torch.nn.Module.__call__`, a compiled backend that
+    recompiles for a call traces into FX's wrapper and fails (dynamo names FX's file in its error): the original
+    answers, the backend is kept. A failure of the backend's own is still blamed."""
+    model, spec, backend, fallback, _calls = _setup(tmp_path)
+    errors = [RuntimeError('higher order op ... File "/x/torch/fx/_symbolic_trace.py", line 859, in module_call')]
+
+    def infer(*args, **kwargs):
+        raise errors[0]
+
+    backend._infer = infer
+    blamed = []
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", on_backend_error=lambda b, e: blamed.append(e))
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(dispatcher(x), model(x))
+    assert blamed == []
+    errors[0] = RuntimeError("the backend's own failure")
+    torch.testing.assert_close(dispatcher(x), model(x))
+    assert len(blamed) == 1
+
+
+def test_while_the_pause_is_held_every_call_is_the_originals(tmp_path):
+    from aitune_core.backends.dispatch_pause import original_forwards_only
+
+    model, spec, backend, fallback, _calls = _setup(tmp_path)
+    served = []
+    backend._infer = lambda *a, **k: served.append(1) or model(*a, **k)
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp")
+    x = torch.randn(3, 8)
+    with original_forwards_only():
+        torch.testing.assert_close(dispatcher(x), model(x))
+    assert served == []
+    dispatcher(x)
+    assert served == [1]

@@ -18,7 +18,8 @@ otherwise the handler - the caller's policy (the JIT drops that backend, the AOT
 backend and the exception, and the original's output is the call's answer. Errors of the fallback itself always
 propagate. One error blames nobody: dynamo refuses to run a compiled function while FX tracing is in progress
 anywhere in the process (torch keeps that flag process-wide, and the background worker traces while requests run);
-such a call is answered by the original forward and the backend keeps serving.
+such a call is answered by the original forward and the backend keeps serving. While `dispatch_pause` is held
+(the worker exports a graph), every call is the original forward's.
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from aitune_core.backends.dispatch_pause import HOLDERS as PAUSE_HOLDERS
 from aitune_core.log import get_logger
 
 #: what dynamo raises when a compiled function is called while `torch.fx` traces somewhere in the process
 NESTED_FX_TRACE_REFUSAL = "symbolically trace a dynamo-optimized function"
+#: the file of FX's module-call patch, named in dynamo's error when it traced into it (`refused_while_...`)
+FX_TRACER_FRAME = "fx/_symbolic_trace.py"
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
@@ -103,6 +107,8 @@ class GraphDispatcher:
         return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if PAUSE_HOLDERS[0]:  # another thread traces what compiled calls must not run beside (`dispatch_pause`)
+            return self._original(*args, **kwargs)
         watch = self._watch
         if watch is not None and watch.stale():
             return self._changed(args, kwargs)
@@ -185,7 +191,12 @@ class GraphDispatcher:
 
 
 def refused_while_another_thread_traces(exc: BaseException) -> bool:
-    """True for dynamo's refusal to run while FX tracing is in progress (`NESTED_FX_TRACE_REFUSAL`): torch's
-    tracing flag is process-wide, so a tuning job's trace on another thread makes a compiled backend refuse
-    calls for a moment; the original forward answers them and the backend is not at fault."""
-    return isinstance(exc, RuntimeError) and NESTED_FX_TRACE_REFUSAL in str(exc)
+    """True when the failure comes from another thread's FX trace, not from the backend: torch's tracing flag and
+    its patch of `torch.nn.Module.__call__` are process-wide while a tuning job traces (AOTAutograd's make_fx,
+    torch.export), so a compiled backend refuses calls for a moment (`NESTED_FX_TRACE_REFUSAL`), or dynamo,
+    recompiling for this call, traces into FX's patched module call (`FX_TRACER_FRAME` in its error; seen on an
+    H100 while the worker exported a graph). The original forward answers such calls and the backend is kept."""
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and NESTED_FX_TRACE_REFUSAL in text:
+        return True
+    return FX_TRACER_FRAME in text
