@@ -5,6 +5,7 @@ Layout under the store's folder (for JIT tuning: `jit_config.cache_dir`, i.e. `$
 
     decisions/<key>.json     one decision (see `Decision`), named by its key (`aitune_core.decision_key`)
     inductor/                Inductor's own caches (TORCHINDUCTOR_CACHE_DIR), when aitune chose the folder
+    packages/<key>.pt2       an AOTInductor package of the decided graph, for warm starts (`Decision.package`)
 
 Why JSON and not a pickle: a cache folder may be shared or copied between machines; nothing read from it is
 ever executed. A decision names a backend class and its configuration; the backend is rebuilt from them (for
@@ -36,6 +37,7 @@ _logger = logging.getLogger("aitune.cache")
 
 DECISIONS = "decisions"
 INDUCTOR = "inductor"
+PACKAGES = "packages"
 #: what a decision says: run a backend, or stay eager
 KINDS = ("backend", "eager")
 
@@ -52,6 +54,8 @@ class Decision:
       whether the module's children may be tuned instead, e.g. after a graph break).
     - `source`: the module path whose tuning produced it; `speedup`: measured at its recorded shapes, if any.
     - `module`, `graph`: readable descriptions for `cache list`; `environment`: where it was decided.
+    - `package`, `package_sha256`: an AOTInductor package of the module's graph for warm starts (a file name
+      under `packages/`, and its digest), made after the decision (`aitune_jit.packaging`); None until then.
     """
 
     key: str
@@ -68,6 +72,8 @@ class Decision:
     graph: str = ""
     environment: dict[str, str] = dataclasses.field(default_factory=dict)
     validated_samples: int = 0
+    package: str | None = None
+    package_sha256: str | None = None
     created: float = dataclasses.field(default_factory=time.time)
 
     def __post_init__(self) -> None:

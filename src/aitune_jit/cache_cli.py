@@ -1,8 +1,9 @@
 """`python -m aitune.torch.jit cache list|clear [--dir DIR]`: show or clear the persistent JIT cache.
 
 `list` prints one row per stored decision (module, graph, what was decided, size, age) as a rich table;
-unusable entries (damaged, edited) are listed as such. `clear` removes the decisions and, when aitune chose
-Inductor's cache folder (`<dir>/inductor`), Inductor's cached kernels too.
+unusable entries (damaged, edited) are listed as such; a decision with an AOTInductor package for warm starts
+(`packaging.py`) counts the package in its size. `clear` removes the decisions, the packages and, when aitune
+chose Inductor's cache folder (`<dir>/inductor`), Inductor's cached kernels too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from aitune_core.decision_store import INDUCTOR, DecisionStore
+from aitune_core.decision_store import INDUCTOR, PACKAGES, DecisionStore
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,7 +57,9 @@ def list_entries(root: Path) -> int:
     count = 0
     for path, decision in store.entries():
         count += 1
-        size = _size(path.stat().st_size)
+        package = root / PACKAGES / decision.package if decision is not None and decision.package else None
+        extra = package.stat().st_size if package is not None and package.is_file() else 0
+        size = _size(path.stat().st_size + extra) + (" (with package)" if extra else "")
         age = _age(now - path.stat().st_mtime)
         if decision is None:
             table.add_row(path.name, "-", "[red]unusable (ignored, re-tuned)[/red]", size, age, "-")
@@ -71,9 +74,9 @@ def list_entries(root: Path) -> int:
 
 def clear(root: Path) -> int:
     removed = DecisionStore(root).clear()
-    inductor = root / INDUCTOR
-    if inductor.is_dir():
-        shutil.rmtree(inductor, ignore_errors=True)
+    for folder in (root / INDUCTOR, root / PACKAGES):
+        if folder.is_dir():
+            shutil.rmtree(folder, ignore_errors=True)
     print(f"removed {removed} decision(s) from {root}")
     return 0
 

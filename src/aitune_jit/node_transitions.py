@@ -16,7 +16,8 @@ the new one. With `jit_config.blocking`, the call that made a graph ready does t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import torch
@@ -75,17 +76,25 @@ class NodeTransitions:
         if not lock.acquire(timeout=-1 if timeout is None else timeout):  # a blocking-mode tuning of the root hangs
             self._tuning = False
             return
+        owed = None
         try:
+            owed = None if self.ready_graphs() else self._follow.snapshot()  # a job for follow-ups alone
             self._pending = False
             try:
                 with bypassed(), torch.no_grad():  # this thread's module calls are aitune's own
                     self.apply(tuner.tune(self))
             except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
+                self._follow.clear()
                 if not worker.abandoned():
                     self._internal_error("tuning", exc)
         finally:
-            self._tuning = False
+            if owed is not None and self._follow.snapshot() == owed:  # it settled nothing owed (a spent budget)
+                self._follow.clear()
+            again = self._follow.pending() and not worker.abandoned() and self.state is NodeState.TUNED
+            self._tuning = again
             lock.release()
+        if again:  # what the outcome owes (`follow_ups.py`) is a job of its own, queued behind the others
+            worker.submit(self, NodeTransitions._tune_queued)
 
     def job_dropped(self) -> None:
         """The worker will not run, or not finish, this node's job: its calls record again."""
@@ -98,7 +107,8 @@ class NodeTransitions:
         recorder = self._recorder
         if recorder is None:
             return []
-        done = ({spec.name for spec, _backend in self._entries} - self._growth.due) | set(self._failed)
+        done = ({spec.name for spec, _backend in self._entries} - self._growth.due - self._follow.upgrade) | set(
+            self._failed)
         return [spec for spec in recorder.graph_specs
                 if spec.name not in done and missing_for_tuning(recorder, spec) is None]
 
@@ -118,6 +128,21 @@ class NodeTransitions:
         """Graphs whose graph-break check ran (it runs once per graph)."""
         return frozenset(self._checked_graphs)
 
+    @property
+    def upgrade_due(self) -> frozenset[str]:
+        """Graphs a warm-start package serves, to be built with their decided backend (`follow_ups.py`)."""
+        return frozenset(self._follow.upgrade)
+
+    @property
+    def package_due(self) -> Mapping[str, tuple[str, GraphSpec]]:
+        """Graphs that owe an AOTInductor package: name -> (decision key, the spec their backend serves)."""
+        return MappingProxyType(dict(self._follow.package))
+
+    @property
+    def packaging_only(self) -> bool:
+        """All this node still owes the worker is packages (it is then taken after every node that tunes)."""
+        return bool(self._follow.package) and not self.ready_graphs()
+
     # ------------------------------------------------------------------------------------------ applying an outcome
     def apply(self, outcome: TuningOutcome) -> None:
         """Take a tuning outcome in one step: note its failed graphs, re-tunes and graph-break checks, then switch
@@ -126,7 +151,10 @@ class NodeTransitions:
         for name in outcome.retuned:
             self._growth.retuned(name)
         self._checked_graphs.update(outcome.checked)
+        self._follow.note(outcome)
         _APPLY[outcome.verdict](self, outcome)
+        if self.state is not NodeState.TUNED:
+            self._follow.clear()  # nothing tuned is left to package or upgrade
 
     def _go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
         """Route calls of these graphs through their backends; detach the subtree on the first success."""

@@ -46,8 +46,8 @@ class Verdict(enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class TuningOutcome:
     """One tuning's decision (see the module docstring). `failed` (graph name -> why it runs eagerly), `retuned`
-    (graphs whose re-tuning ran, whatever came of it) and `checked` (graphs whose graph-break check ran) travel
-    with every verdict."""
+    (graphs whose re-tuning ran, whatever came of it), `checked` (graphs whose graph-break check ran) and the
+    follow-ups (`follow_ups.py`: packages owed and made, upgrades owed and run) travel with every verdict."""
 
     verdict: Verdict
     reason: str | None = None
@@ -56,6 +56,10 @@ class TuningOutcome:
     failed: Mapping[str, str] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     retuned: frozenset[str] = frozenset()
     checked: frozenset[str] = frozenset()
+    package_due: Mapping[str, tuple[str, GraphSpec]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
+    packaged: frozenset[str] = frozenset()
+    upgrade_due: frozenset[str] = frozenset()
+    upgraded: frozenset[str] = frozenset()
     level: int = logging.INFO
 
     @classmethod
@@ -82,7 +86,8 @@ class TuningOutcome:
         """This outcome not switched to its backends (they are released): what is left to note is the failures
         and the re-tunes that ran."""
         self.release_backends()
-        return TuningOutcome.unchanged(failed=self.failed, retuned=self.retuned, checked=self.checked)
+        return TuningOutcome.unchanged(failed=self.failed, retuned=self.retuned, checked=self.checked,
+                                       packaged=self.packaged, upgraded=self.upgraded)
 
     def release_backends(self) -> None:
         """Deactivate the backends built for this outcome, which no node will use."""
@@ -121,6 +126,12 @@ class TuningNode(Protocol):
     @property
     def checked_graphs(self) -> frozenset[str]: ...
 
+    @property
+    def upgrade_due(self) -> frozenset[str]: ...
+
+    @property
+    def package_due(self) -> Mapping[str, tuple[str, GraphSpec]]: ...
+
     def ready_graphs(self) -> list[GraphSpec]: ...
 
     def tuning_view(self) -> torch.nn.Module: ...
@@ -140,10 +151,16 @@ class OutcomeDraft:
         self.failed: dict[str, str] = {}
         self.retuned: set[str] = set()
         self.checked: set[str] = set()
+        self.package_due: dict[str, tuple[str, GraphSpec]] = {}
+        self.packaged: set[str] = set()
+        self.upgrade_due: set[str] = set()
+        self.upgraded: set[str] = set()
 
     def _noted(self) -> dict[str, object]:
         return {"failed": MappingProxyType(dict(self.failed)), "retuned": frozenset(self.retuned),
-                "checked": frozenset(self.checked)}
+                "checked": frozenset(self.checked), "package_due": MappingProxyType(dict(self.package_due)),
+                "packaged": frozenset(self.packaged), "upgrade_due": frozenset(self.upgrade_due),
+                "upgraded": frozenset(self.upgraded)}
 
     def eager(self, reason: str, *, reopen: bool) -> TuningOutcome:
         return TuningOutcome.eager(reason, reopen=reopen, **self._noted())

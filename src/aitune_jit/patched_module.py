@@ -34,6 +34,7 @@ import torch
 from aitune_core.forward_slot import ForwardSlot, SlotForward
 from aitune_core.module_info import count_parameters
 from aitune_jit.config import jit_config
+from aitune_jit.follow_ups import FollowUps
 from aitune_jit.node_recording import NodeRecording
 from aitune_jit.node_registry import registry, subtree
 from aitune_jit.node_transitions import NodeTransitions
@@ -71,6 +72,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         "_dispatcher",
         "_entries",
         "_failed",
+        "_follow",
         "_forward_fn",
         "_growth",
         "_module_ref",
@@ -124,6 +126,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         self._failed: dict[str, str] = {}
         self._growth = RangeGrowth()
         self._checked_graphs: set[str] = set()
+        self._follow = FollowUps()
         self._pending = False
         self._tuning = False
         self._stateful: str | None = None  # what its forward changes in its arguments (node_recording.py)
@@ -323,6 +326,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         had the original raised too, the call itself was at fault and nothing reaches here): run its graphs
         eagerly from now on."""
         failed = [(spec, b) for spec, b in self._entries if b is backend]
+        if not failed:  # a backend already replaced (and released) by a re-tune or an upgrade: nothing to blame
+            return
         self._entries = [(spec, b) for spec, b in self._entries if b is not backend]
         for spec, _b in failed:
             self._failed[spec.name] = f"backend failed at run time: {type(exc).__name__}: {exc}"

@@ -29,7 +29,7 @@ from aitune_core.module_info import module_device
 from aitune_core.specs.range_headroom import with_headroom
 from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.torch_log_capture import capture_torch_logs
-from aitune_jit import decisions
+from aitune_jit import decisions, packaging
 from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
 from aitune_jit.node_registry import registry
@@ -41,8 +41,10 @@ from aitune_jit.worker import abandoned, sync_stream
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
     from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.strategies.strategy import TuneReport
     from aitune_jit.outcome import TuningNode
 
@@ -142,6 +144,9 @@ def _tune_node(node: TuningNode) -> TuningOutcome:
     module = node.module
     recorder = node.recorder
     graphs = [with_headroom(spec) if cfg.range_headroom else spec for spec in node.ready_graphs()]
+    if module is not None and not graphs and node.package_due:  # nothing to tune: a package the node owes
+        with bypassed(), torch.no_grad():
+            return packaging.make_next(node, cfg.device or module_device(module, default=torch.device("cpu")))
     if module is None or recorder is None or not graphs:
         return TuningOutcome.unchanged()
     first = node.state is NodeState.RECORDING
@@ -162,51 +167,64 @@ def _tune_node(node: TuningNode) -> TuningOutcome:
     with bypassed(), torch.no_grad():
         strategy = cfg.resolve_strategy(device)
         keys = {} if cfg.dry_run else decisions.keys_for(node, graphs, strategy, device)
-        finished = decisions.reuse(node, proxy, graphs, samples, keys, device, cache_dir, first, draft)
-        if finished is not None:
-            return finished
-        first = first and not draft.entries  # a node with a reused backend is tuned: its other graphs may only fail
+        draft.upgraded.update(spec.name for spec in graphs if spec.name in node.upgrade_due)
+        packaging.warm_starts(node, proxy, graphs, samples, keys, device, draft)
+        outcome = _decide(node, strategy, graphs, samples, keys, device, cache_dir, first, draft)
+    return packaging.owed(outcome, keys, device)
+
+
+def _decide(
+    node: TuningNode, strategy: Any, graphs: list[GraphSpec], samples: dict[str, list[Sample]], keys: dict[str, str],
+    device: torch.device, cache_dir: Path, first: bool, draft: OutcomeDraft,
+) -> TuningOutcome:
+    """The known decisions, then the graph-break check and the strategy for the graphs left (see `_tune_node`)."""
+    cfg = jit_config
+    proxy = node.tuning_view()
+    finished = decisions.reuse(node, proxy, graphs, samples, keys, device, cache_dir, first, draft)
+    if finished is not None:
+        return finished
+    first = first and not draft.entries  # a node with a reused backend is tuned: its other graphs may only fail
+    if not graphs:
+        return draft.finish()
+    jobs = {spec.name: TuneJob.of(proxy, node.path, spec, samples[spec.name], device, cache_dir) for spec in graphs}
+    if first:
+        worthless = _worthless(strategy, jobs[graphs[0].name])
+        if worthless is not None:
+            decisions.remember_eager(keys.get(graphs[0].name), node, graphs[0], worthless, reopen=False,
+                                     persist=False)  # cheap to find again, and partly a timing
+            return draft.eager(worthless, reopen=False)
+    if cfg.detect_graph_breaks:
+        for spec in list(graphs):
+            if spec.name in node.checked_graphs:
+                continue
+            draft.checked.add(spec.name)
+            args, kwargs = samples[spec.name][0].inputs_to(device)  # a stateful sample: on fresh copies
+            report = find_graph_breaks(proxy, args, kwargs)
+            if not report.has_breaks:
+                _log(f"No graph breaks in {node.short}. Checking took {report.duration_s:.2f}s")
+                continue
+            what = "Dynamo could not trace" if report.error is not None else "Graph breaks in"
+            _log(
+                f"{what} {node.short} (graph {spec.name}): {report.summary()}. "
+                f"Checking took {report.duration_s:.2f}s"
+            )
+            cause = report.summary() if report.error is not None else f"graph break: {report.summary()}"
+            decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True)
+            if first:
+                return draft.eager(cause, reopen=True)
+            draft.failed[spec.name] = cause
+            graphs.remove(spec)
         if not graphs:
             return draft.finish()
-        jobs = {spec.name: TuneJob.of(proxy, node.path, spec, samples[spec.name], device, cache_dir) for spec in graphs}
-        if first:
-            worthless = _worthless(strategy, jobs[graphs[0].name])
-            if worthless is not None:
-                decisions.remember_eager(keys.get(graphs[0].name), node, graphs[0], worthless, reopen=False,
-                                         persist=False)  # cheap to find again, and partly a timing
-                return draft.eager(worthless, reopen=False)
-        if cfg.detect_graph_breaks:
-            for spec in list(graphs):
-                if spec.name in node.checked_graphs:
-                    continue
-                draft.checked.add(spec.name)
-                args, kwargs = samples[spec.name][0].inputs_to(device)  # a stateful sample: on fresh copies
-                report = find_graph_breaks(proxy, args, kwargs)
-                if not report.has_breaks:
-                    _log(f"No graph breaks in {node.short}. Checking took {report.duration_s:.2f}s")
-                    continue
-                what = "Dynamo could not trace" if report.error is not None else "Graph breaks in"
-                _log(
-                    f"{what} {node.short} (graph {spec.name}): {report.summary()}. "
-                    f"Checking took {report.duration_s:.2f}s"
-                )
-                cause = report.summary() if report.error is not None else f"graph break: {report.summary()}"
-                decisions.remember_eager(keys.get(spec.name), node, spec, cause, reopen=True)
-                if first:
-                    return draft.eager(cause, reopen=True)
-                draft.failed[spec.name] = cause
-                graphs.remove(spec)
-            if not graphs:
-                return draft.finish()
 
-        if cfg.dry_run:
-            for spec in graphs:
-                strategy.dry_run(jobs[spec.name])
-            names = ", ".join(spec.name for spec in graphs)
-            return TuningOutcome.dry_run(f"would tune {node.short} (graphs {names}) on {device} with {strategy!r}")
+    if cfg.dry_run:
+        for spec in graphs:
+            strategy.dry_run(jobs[spec.name])
+        names = ", ".join(spec.name for spec in graphs)
+        return TuningOutcome.dry_run(f"would tune {node.short} (graphs {names}) on {device} with {strategy!r}")
 
-        failures = [_tune_graph(node, strategy, jobs[spec.name], keys.get(spec.name), draft, several=len(graphs) > 1)
-                    for spec in graphs]
+    failures = [_tune_graph(node, strategy, jobs[spec.name], keys.get(spec.name), draft, several=len(graphs) > 1)
+                for spec in graphs]
 
     if draft.entries or not first:
         return draft.finish()

@@ -16,7 +16,10 @@ from typing import Any
 
 
 def expected_gain(node: Any) -> float:
-    """A node's expected gain from tuning (its parameter count; 0 when unknown)."""
+    """A node's expected gain from tuning (its parameter count; 0 when unknown); -1 for a node that only owes
+    packages for later processes (`follow_ups.py`): it waits for every node that tunes."""
+    if getattr(node, "packaging_only", False):
+        return -1.0
     count = getattr(node, "num_parameters", 0)
     return float(count) if isinstance(count, int | float) else 0.0
 

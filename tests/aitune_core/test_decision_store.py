@@ -40,7 +40,7 @@ def test_round_trip_and_no_temporary_file_left(tmp_path):
 @pytest.mark.parametrize(
     ("damage", "why"),
     [
-        (lambda text: text[: len(text) // 2], "Expecting"),  # truncated: half a file
+        (lambda text: text[: len(text) // 2], "column"),  # truncated: half a file (json says where it broke)
         (lambda text: text.replace("TorchEagerBackend", "TorchInductorBackend"), "checksum"),  # edited content
         (lambda text: "[1, 2]", "not an aitune decision"),
     ],
@@ -79,3 +79,13 @@ def test_invalid_decisions_and_keys_are_refused(tmp_path):
     payload["extra"] = 1
     with pytest.raises(ValueError, match="unknown fields"):
         Decision.from_dict(payload)
+
+
+def test_a_package_recorded_later_travels_with_the_decision_and_older_entries_have_none(tmp_path):
+    store = DecisionStore(tmp_path)
+    store.put(_backend())
+    assert store.get(KEY).package is None and store.get(KEY).package_sha256 is None
+    decision = store.get(KEY)
+    decision.package, decision.package_sha256 = f"{KEY}.pt2", "12" * 32
+    store.put(decision)
+    assert (store.get(KEY).package, store.get(KEY).package_sha256) == (f"{KEY}.pt2", "12" * 32)

@@ -14,7 +14,10 @@ def _fill(root):
     store = DecisionStore(root)
     store.put(Decision(key="ab" * 32, kind="backend", backend_type="TorchInductorBackend", backend_config={},
                        backend_description="TorchInductorBackend()", module="Block 📊1.1K",
-                       graph="0: x float32[2..8,32]", source="MLP.blocks.0"))
+                       graph="0: x float32[2..8,32]", source="MLP.blocks.0", package=f"{'ab' * 32}.pt2",
+                       package_sha256="00"))
+    (root / "packages").mkdir()
+    (root / "packages" / f"{'ab' * 32}.pt2").write_bytes(b"p" * 3 * 1024 * 1024)
     damaged = store.put(Decision(key="cd" * 32, kind="eager", reason="graph break: data-dependent branch"))
     damaged.write_text(damaged.read_text()[:30])
     (root / "inductor" / "fxgraph").mkdir(parents=True)
@@ -27,15 +30,16 @@ def test_list_shows_each_entry_and_the_inductor_cache(tmp_path, capsys):
     assert main(["list", "--dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     for text in ("Block", "0: x float32[2..8,32]", "TorchInductorBackend()", "MLP.blocks.0", "unusable",
-                 "2 decision(s)", "2.0 KiB"):
+                 "2 decision(s)", "2.0 KiB", "(with package)", "3.0 MiB"):
         assert text in out, text
 
 
-def test_clear_removes_decisions_and_inductor_artifacts(tmp_path, capsys):
+def test_clear_removes_decisions_packages_and_inductor_artifacts(tmp_path, capsys):
     store = _fill(tmp_path)
     assert main(["clear", "--dir", str(tmp_path)]) == 0
     assert "removed 2 decision(s)" in capsys.readouterr().out
     assert list(store.entries()) == [] and not (tmp_path / "inductor").exists()
+    assert not (tmp_path / "packages").exists()
 
 
 def test_the_default_folder_is_jit_config_cache_dir(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -422,3 +423,20 @@ def test_switching_the_jit_off_gives_a_marked_block_class_back(tmp_path):
     disable()
     gc.collect()
     assert _Repeated.__dict__["forward"] is original
+
+
+def test_a_replaced_backend_failing_in_a_call_that_was_already_on_its_way_blames_nothing():
+    """A re-tune or an upgrade replaces and releases a graph's backend while another thread's call still goes
+    through the old dispatcher: that call's failure is answered by the original module and the graph keeps its
+    new backend."""
+    _fake_backends(CountingBackend())
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    node = PatchedModule.of(model)
+    old = node._entries[0][1]
+    spec = node._entries[0][0]
+    fresh = CountingBackend().build(node.tuning_view(), spec, [], torch.device("cpu"), Path("."))
+    node._entries = [(spec, fresh)]  # what `_go_tuned` does for a re-tuned graph
+    node._backend_failed(old, RuntimeError("released"))
+    assert node.state is NodeState.TUNED and node._failed == {} and node._entries == [(spec, fresh)]

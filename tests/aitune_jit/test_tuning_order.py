@@ -51,3 +51,10 @@ def test_children_queued_together_are_tuned_largest_first():
     finally:
         worker.stop(1.0)
     assert order == ["root", "blocks.0", "blocks.1", "embed", "head", "norm"]
+
+
+def test_a_node_that_only_owes_packages_waits_for_every_node_that_tunes():
+    node = _Node("packaging", 10_000_000)
+    node.packaging_only = True
+    assert expected_gain(node) == -1.0
+    assert pick_next([expected_gain(node), expected_gain(_Node("tiny", 0))]) == 1

@@ -1,0 +1,117 @@
+"""Warm starts from AOTInductor packages: a tuned graph gets a package in the background, a later run serves it
+from the package at once and upgrades to the decided backend; a damaged package is ignored with one warning."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from jit_helpers import CountingBackend, make_mlp, run
+
+from aitune_core.backends.aoti_package import file_sha256
+from aitune_core.decision_store import Decision, DecisionStore
+from aitune_jit import decisions, packaging
+from aitune_jit.config import jit_config
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.state import NodeState
+from aitune_jit.switch import disable, enable
+from aitune_jit.worker import wait_until_tuned
+
+BATCHES = [2, 3, 4]
+
+
+def _background(monkeypatch) -> None:
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "on")
+    jit_config.blocking = False
+    jit_config.backends = [CountingBackend()]  # the decision; the package is made of the module whatever it is
+    jit_config.detect_graph_breaks = False
+
+
+def _history(text: str) -> list[str]:
+    return [line for line in PatchedModule.history if text in line]
+
+
+def _new_process() -> None:
+    disable()
+    decisions.reset()  # nothing in memory: the store on disk
+    PatchedModule.clear_history()
+
+
+def _serve(model: torch.nn.Module) -> None:
+    """Serve `model` under the JIT until tuned, then check its outputs against the eager model's."""
+    reference = run(make_mlp(), BATCHES, seed=5)  # before the hook is on: plain eager
+    enable()
+    run(model, BATCHES)
+    assert wait_until_tuned(timeout=240)
+    for out, ref in zip(run(model, BATCHES, seed=5), reference):
+        torch.testing.assert_close(out, ref)
+
+
+def test_packaging_is_on_for_cuda_by_default_and_never_when_blocking(monkeypatch):
+    monkeypatch.delenv("AITUNE_WORKER_PACKAGE", raising=False)
+    jit_config.blocking = False
+    assert packaging.enabled(torch.device("cuda")) and not packaging.enabled(torch.device("cpu"))
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "on")
+    assert packaging.enabled(torch.device("cpu"))
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "off")
+    assert not packaging.enabled(torch.device("cuda"))
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "on")
+    jit_config.blocking = True
+    assert not packaging.enabled(torch.device("cpu"))
+
+
+def test_a_decision_may_only_name_its_own_package_file():
+    decision = Decision(key="ab" * 32, kind="backend", backend_type="X", backend_config={},
+                        package="../elsewhere.pt2", package_sha256="00")
+    assert packaging.package_path(decision) is None
+    decision.package = f"{decision.key}.pt2"
+    assert packaging.package_path(decision).name == decision.package
+    decision.package_sha256 = None
+    assert packaging.package_path(decision) is None
+
+
+@pytest.mark.slow
+def test_a_later_run_warm_starts_from_the_package_then_upgrades(monkeypatch, caplog):
+    _background(monkeypatch)
+    _serve(make_mlp())
+    made = _history("AOTInductor package for warm starts made")
+    assert len(made) == 1, PatchedModule.history
+    (decision,) = [d for _path, d in DecisionStore(jit_config.cache_dir).entries()]
+    path = packaging.package_path(decision)
+    assert path is not None and file_sha256(path) == decision.package_sha256
+
+    _new_process()
+    builds = CountingBackend.builds
+    model = make_mlp()
+    _serve(model)
+    assert len(_history("warm start from the AOTInductor package")) == 1, PatchedModule.history
+    assert len(_history("reused the decision")) == 1  # the upgrade to the decided backend
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED and [b.name for b in node.backends] == ["CountingBackend"]
+    assert CountingBackend.builds == builds + 1 and not _history("package for warm starts made")
+
+    path.write_bytes(path.read_bytes()[:1000])  # a damaged package: ignored, the decision built as before
+    _new_process()
+    with caplog.at_level(logging.WARNING, logger="aitune.jit"):
+        _serve(make_mlp())
+    assert any("ignoring the AOTInductor package" in r.getMessage() and "SHA-256" in r.getMessage()
+               for r in caplog.records)
+    assert not _history("warm start from") and len(_history("reused the decision")) == 1
+
+
+def test_a_missing_package_is_ignored_and_the_decision_is_built(monkeypatch, caplog):
+    _background(monkeypatch)
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "off")  # tune and store, no package
+    _serve(make_mlp())
+    store = DecisionStore(jit_config.cache_dir)
+    (decision,) = [d for _path, d in store.entries()]
+    decision.package, decision.package_sha256 = f"{decision.key}.pt2", "0" * 64  # names a file nobody made
+    store.put(decision)
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "on")
+    monkeypatch.setattr(packaging, "make_next", lambda *a: pytest.fail("the decision already names a package"))
+    _new_process()
+    with caplog.at_level(logging.WARNING, logger="aitune.jit"):
+        _serve(make_mlp())
+    assert any("no package at" in r.getMessage() for r in caplog.records)
+    assert len(_history("reused the decision")) == 1
