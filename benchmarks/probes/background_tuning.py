@@ -220,7 +220,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
     env.pop("AUTOWRAPT_BOOTSTRAP", None)
     jit_cache = scratch / f"{model}-{schedule}-jit"
     if contender.startswith("jit"):
-        env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_CACHE_DIR=str(jit_cache))
+        env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_CACHE_DIR=str(jit_cache),
+                   AITUNE_JIT_PRINT_HISTORY="1")
         if contender == "jit-blocking":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-blocking"), AITUNE_JIT_BLOCKING="1")
         if contender == "jit-cold-nostep":
@@ -251,11 +252,20 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
     data["wall_s"] = time.perf_counter() - began
     data["stderr_lines"] = len(result.stderr.splitlines())
     data["summary"] = [line for line in result.stderr.splitlines() if "aitune" in line or line.startswith("  ")][-40:]
+    data["history"] = _history(result.stderr)
     data["exit_status"] = result.returncode
     if result.returncode != 0:
         data["stderr_tail"] = result.stderr[-1000:]
     data["checks"] = torch.load(check)
     return data
+
+
+def _history(stderr: str, limit: int = 60) -> list[str]:
+    """The JIT's history (`AITUNE_JIT_PRINT_HISTORY`) without the lines about each module seen or skipped: what
+    was tuned, reused, warm-started or packaged, and how long each took."""
+    lines = stderr.split("JIT Tuning History:", 1)[1].splitlines() if "JIT Tuning History:" in stderr else []
+    noise = ("child module", "Skipping", "New top module")
+    return [line for line in lines if line.strip() and not any(word in line for word in noise)][:limit]
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -292,7 +302,8 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
     later = rows[20:]
     if later:  # calls a tuned backend answered, after the first 20 (variable shapes: the tuned ranges' coverage)
         summary["served_tuned_after_20"] = sum(bool(r.get("served_tuned")) for r in later) / len(later)
-    for key in ("stalls", "long_collections", "stderr_lines", "exit_status", "stderr_tail", "backends", "summary"):
+    for key in ("stalls", "long_collections", "stderr_lines", "exit_status", "stderr_tail", "backends", "summary",
+                "history"):
         if key in data:
             summary[key] = data[key]
     if eager is not None and "checks" in eager:
@@ -376,15 +387,25 @@ def drive(args: argparse.Namespace) -> int:
     for name, (model, schedule) in WORKLOADS[args.models].items():
         if args.only and name not in args.only:
             continue
+        raw: dict[str, dict[str, Any]] = {c: {"error": "not run"} for c in CONTENDERS}
         with tempfile.TemporaryDirectory(prefix="aitune-bg-") as tmp:
-            raw = {c: _run(c, model, schedule, args, Path(tmp)) if c in args.contenders else {"error": "not run"}
-                   for c in CONTENDERS}
-        rows = {c: summarize(raw[c], raw["eager"]) for c in CONTENDERS}
-        ratio = ratios(rows, raw["eager"].get("rows", []))
-        results["workloads"][name] = {**rows, "ratios": ratio}
+            for contender in CONTENDERS:
+                if contender in args.contenders:
+                    raw[contender] = _run(contender, model, schedule, args, Path(tmp))
+                    _keep(results, name, raw, header, args)  # a run cut short still leaves what it measured
+        rows, ratio = _keep(results, name, raw, header, args)
         print_table(name, rows, ratio)
-    common.write_result(common.result_path(header, args.models, *(args.only or ()), out=args.out), results)
     return 0
+
+
+def _keep(results: dict[str, Any], name: str, raw: dict[str, dict[str, Any]], header: dict[str, Any],
+          args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, float | None]]:
+    """Summarize the contenders run so far and write the results file."""
+    rows = {c: summarize(raw[c], raw["eager"]) for c in CONTENDERS}
+    ratio = ratios(rows, raw["eager"].get("rows", []))
+    results["workloads"][name] = {**rows, "ratios": ratio}
+    common.write_result(common.result_path(header, args.models, *(args.only or ()), out=args.out), results)
+    return rows, ratio
 
 
 def main(argv: list[str] | None = None) -> int:
