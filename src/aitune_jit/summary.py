@@ -85,11 +85,16 @@ def summary_lines() -> list[str]:
     unfinished = unfinished_at_exit()
     tuned_paths = {node.path for node in nodes if node.state is NodeState.TUNED}
     untuned = [path for path in unfinished if path not in tuned_paths]
-    more = [path for path in unfinished if path in tuned_paths]  # tuned, with another graph still in its job
+    packaging = {node.path for node in nodes if getattr(node, "packaging_only", False)}
+    more = [path for path in unfinished if path in tuned_paths and path not in packaging]  # another graph's job
+    making = [path for path in unfinished if path in packaging]  # tuned; only a package for later runs was left
     if untuned:
         lines.append(f"  ⏳ still tuning at exit (ran eagerly): {', '.join(untuned[:10])}")
     if more:
         lines.append(f"  ⏳ still tuning more shapes at exit (only those calls ran eagerly): {', '.join(more[:10])}")
+    if making:
+        lines.append(f"  📦 still making a warm-start package at exit (a later run rebuilds instead): "
+                     f"{', '.join(making[:10])}")
     for node in nodes:
         if node.state is NodeState.TUNED and node.fallbacks:
             lines.append(f"  ↪ {node.path}: {node.fallbacks} call(s) outside the tuned shape ranges ran eagerly")

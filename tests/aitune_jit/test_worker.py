@@ -106,6 +106,11 @@ def test_a_tuned_module_still_tuning_more_shapes_at_exit_is_not_reported_as_eage
         lines = summary.summary_lines()
         assert any("still tuning more shapes at exit (only those calls ran eagerly): MLP" in line for line in lines)
         assert not any("still tuning at exit (ran eagerly)" in line for line in lines)
+        node = PatchedModule.of(model)
+        node._follow.package["0"] = ("key", node._entries[0][0])  # all that is left is a package for later runs
+        lines = summary.summary_lines()
+        assert any("still making a warm-start package at exit" in line and "MLP" in line for line in lines), lines
+        assert not any("still tuning" in line for line in lines), lines
     finally:
         worker._unfinished.clear()
 
