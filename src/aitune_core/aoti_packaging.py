@@ -56,6 +56,13 @@ def _tail(path: Path, limit: int = 1500) -> str:
     return "\n".join(lines[-6:])[-limit:]
 
 
+def _failure(status: int, log: Path) -> str:
+    """What went wrong in the child, in words: the compile, or the verification of the package it made."""
+    stage = "verifying the package" if "compiled; verifying" in log.read_text(errors="replace") else "compiling"
+    how = f"died of signal {-status}" if status < 0 else f"failed (exit status {status})"
+    return f"the AOTInductor process {how} while {stage}"
+
+
 def _wait(child: subprocess.Popen[bytes], timeout_s: float, should_stop: Callable[[], bool]) -> None:
     deadline = time.monotonic() + timeout_s
     while child.poll() is None:
@@ -89,8 +96,7 @@ def compile_package(
                 env=_child_env())
             _wait(child, timeout_s, should_stop)
         if child.returncode != 0 or not (scratch / "package.pt2").is_file():
-            raise BackendBuildError(f"the AOTInductor compile failed (exit status {child.returncode}): "
-                                    f"{_tail(log) or 'no output'}")
+            raise BackendBuildError(f"{_failure(child.returncode, log)}: {_tail(log) or 'no output'}")
         digest = file_sha256(scratch / "package.pt2")
         os.replace(scratch / "package.pt2", dest)
         return digest

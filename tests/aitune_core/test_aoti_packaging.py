@@ -37,7 +37,7 @@ def test_a_failing_compile_is_a_build_error_with_the_childs_output(monkeypatch, 
     module = MLP().eval()
     spec, samples = record(module, mlp_call)
     dest = tmp_path / "out" / "m.pt2"
-    with pytest.raises(BackendBuildError, match=r"exit status 3.*inductor said no"):
+    with pytest.raises(BackendBuildError, match=r"failed \(exit status 3\) while compiling.*inductor said no"):
         compile_package(module, spec, samples, torch.device("cpu"), dest)
     assert not dest.exists() and list(dest.parent.iterdir()) == []  # the scratch folder went too
 
@@ -51,3 +51,13 @@ def test_a_stopped_or_slow_compile_is_killed(monkeypatch, tmp_path):
         compile_package(module, spec, samples, torch.device("cpu"), tmp_path / "a.pt2", should_stop=lambda: True)
     with pytest.raises(BackendBuildError, match="longer than"):
         compile_package(module, spec, samples, torch.device("cpu"), tmp_path / "b.pt2", timeout_s=0.2)
+
+
+def test_a_package_that_crashes_its_verifier_is_reported_with_the_signal(monkeypatch, tmp_path):
+    """On an H100 (torch 2.11) loading a package killed the loading process; the child loads it first."""
+    _failing_child(monkeypatch, "import os, signal; print('compiled; verifying the package in this process', "
+                                "flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
+    module = MLP().eval()
+    spec, samples = record(module, mlp_call)
+    with pytest.raises(BackendBuildError, match=r"died of signal 11 while verifying the package"):
+        compile_package(module, spec, samples, torch.device("cpu"), tmp_path / "m.pt2")
