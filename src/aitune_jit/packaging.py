@@ -16,9 +16,13 @@ for torch.compile's first call with warm Inductor caches). An AOTInductor packag
   A package that is missing, damaged (its digest differs) or fails validation is ignored with one WARNING, and the
   decision is built as before.
 
-`AITUNE_WORKER_PACKAGE` chooses: `auto` (default: on for CUDA devices, where compiles are long and the package
-compiles beside the serving process), `on`, `off`. Never with `jit_config.blocking` (the job would block a call),
-`dry_run`, or without `reuse_decisions`.
+Opt-in: `AITUNE_WORKER_PACKAGE=on` (default `off`). Never with `jit_config.blocking` (the job would block a call),
+`dry_run`, or without `reuse_decisions`. Why off: on the H100 this project measures on (torch 2.11, CUDA 13),
+compiling a package took 78 s for a two-layer MLP and 99 s for ResNet-50 (the C++ wrapper's build), and loading
+any package - torch's default options included - killed the loading process with SIGSEGV. The compile process
+verifies each package by loading and running it itself (`aitune_core.aoti_compile_process`), so there such a
+package is never published and a serving process never loads it; on the CPU packages work (a small CNN's later
+process was tuned in 7 % of the first one's time, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -49,17 +53,17 @@ if TYPE_CHECKING:
     from aitune_jit.outcome import TuningNode
 
 _logger = logging.getLogger("aitune.jit")
-CHOICES = ("auto", "on", "off")
+CHOICES = ("off", "on")
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
 def enabled(device: torch.device) -> bool:
-    """Whether graphs tuned on `device` get packages and warm starts from them (see the module docstring)."""
+    """Whether graphs tuned on `device` get packages and warm starts from them (see the module docstring; the
+    device is for a per-device default, none yet)."""
     if jit_config.blocking or jit_config.dry_run or not jit_config.reuse_decisions:
         return False
-    choice = env_choice("AITUNE_WORKER_PACKAGE", CHOICES, "auto")
-    return choice == "on" or (choice == "auto" and device.type == "cuda")
+    return env_choice("AITUNE_WORKER_PACKAGE", CHOICES, "off") == "on"
 
 
 def package_path(decision: Decision) -> Path | None:

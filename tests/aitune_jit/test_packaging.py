@@ -48,14 +48,16 @@ def _serve(model: torch.nn.Module) -> None:
         torch.testing.assert_close(out, ref)
 
 
-def test_packaging_is_on_for_cuda_by_default_and_never_when_blocking(monkeypatch):
+def test_packaging_is_opt_in_and_never_when_blocking(monkeypatch, caplog):
     monkeypatch.delenv("AITUNE_WORKER_PACKAGE", raising=False)
     jit_config.blocking = False
-    assert packaging.enabled(torch.device("cuda")) and not packaging.enabled(torch.device("cpu"))
+    assert not packaging.enabled(torch.device("cuda")) and not packaging.enabled(torch.device("cpu"))
     monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "on")
-    assert packaging.enabled(torch.device("cpu"))
-    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "off")
-    assert not packaging.enabled(torch.device("cuda"))
+    assert packaging.enabled(torch.device("cpu")) and packaging.enabled(torch.device("cuda"))
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "maybe")  # a wrong value: one warning, the default
+    with caplog.at_level(logging.WARNING, logger="aitune.jit"):
+        assert not packaging.enabled(torch.device("cpu"))
+    assert any("AITUNE_WORKER_PACKAGE" in r.getMessage() for r in caplog.records)
     monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "on")
     jit_config.blocking = True
     assert not packaging.enabled(torch.device("cpu"))
