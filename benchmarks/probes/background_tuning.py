@@ -13,6 +13,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
 - `jit-cold-nostep`: as `jit-cold` with `AITUNE_WORKER_YIELD_MS=0` (the job does not step aside while a
   request is served) and a cache folder of its own;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
+- `jit-warm-rebuild`: as `jit-warm` with `AITUNE_WORKER_PACKAGE=off`: the decided backend is rebuilt, no
+  package is loaded (with `--packages on`, the warm start from a package against the rebuild it replaces);
 - `jit-blocking`: `AITUNE_JIT_BLOCKING=1`, for the steady state of the old behaviour;
 - `compile-dynamic`: `torch.compile(model, dynamic=True)`, an empty Inductor cache (the reference for
   variable-length workloads);
@@ -57,8 +59,8 @@ WORKLOADS = {
             "bert-varlen": ("bert_base", "varlen")},
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
-CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-warm", "jit-blocking", "compile-cold",
-              "compile-warm", "compile-dynamic")
+CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-warm", "jit-warm-rebuild", "jit-blocking",
+              "compile-cold", "compile-warm", "compile-dynamic")
 CHECK_SEEDS = (1000, 1001)
 #: frames kept per sampled stack (innermost last)
 STACK_DEPTH = 8
@@ -222,6 +224,7 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
     if contender.startswith("jit"):
         env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_CACHE_DIR=str(jit_cache),
                    AITUNE_JIT_PRINT_HISTORY="1")
+        env["AITUNE_WORKER_PACKAGE"] = "off" if contender == "jit-warm-rebuild" else args.packages
         if contender == "jit-blocking":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-blocking"), AITUNE_JIT_BLOCKING="1")
         if contender == "jit-cold-nostep":
@@ -340,6 +343,8 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
         "warm_over_cold_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"), cold.get("time_to_tuned_s")),
         "warm_time_to_tuned_over_warm_compile_first_call": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
                                                                   rows["compile-warm"].get("first_call_s")),
+        "warm_over_warm_rebuild_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
+                                                       rows["jit-warm-rebuild"].get("time_to_tuned_s")),
         "steady_background_over_blocking": _ratio(cold.get("after_p50_ms"), rows["jit-blocking"].get("after_p50_ms")),
         "steady_jit_over_compile": _ratio(cold.get("after_p50_ms"), rows["compile-cold"].get("after_p50_ms")),
         "steady_blocking_over_compile_dynamic": _ratio(rows["jit-blocking"].get("after_p50_ms"),
@@ -423,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS),
                    help="run only these (eager is the reference of every ratio; jit-warm reuses jit-cold's cache)")
     p.add_argument("--interval-ms", type=float, default=20.0)
+    p.add_argument("--packages", choices=["off", "on"], default="off",
+                   help="AITUNE_WORKER_PACKAGE of the JIT contenders: warm starts from AOTInductor packages")
     p.add_argument("--stall-ms", type=float, default=50.0, help="sample stacks of requests slower than this")
     p.add_argument("--timeout-s", type=float, default=1800.0)
     args = p.parse_args(argv)
