@@ -94,7 +94,12 @@ def compile_package(
                 [sys.executable, "-m", "aitune_core.aoti_compile_process", str(scratch / "program.pt2"),
                  str(scratch / "package.pt2")], stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=_child_env())
-            _wait(child, timeout_s, should_stop)
+            try:
+                _wait(child, timeout_s, should_stop)
+            finally:  # a job cancelled at exit (an exception raised in its thread) leaves no compile behind
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
         if child.returncode != 0 or not (scratch / "package.pt2").is_file():
             raise BackendBuildError(f"{_failure(child.returncode, log)}: {_tail(log) or 'no output'}")
         digest = file_sha256(scratch / "package.pt2")

@@ -5,7 +5,7 @@ Layout under the store's folder (for JIT tuning: `jit_config.cache_dir`, i.e. `$
 
     decisions/<key>.json     one decision (see `Decision`), named by its key (`aitune_core.decision_key`)
     inductor/                Inductor's own caches (TORCHINDUCTOR_CACHE_DIR), when aitune chose the folder
-    packages/<key>.pt2       an AOTInductor package of the decided graph, for warm starts (`Decision.package`)
+    packages/<key>.<build>.pt2  an AOTInductor package of the decided graph, for warm starts (`Decision.package`)
 
 Why JSON and not a pickle: a cache folder may be shared or copied between machines; nothing read from it is
 ever executed. A decision names a backend class and its configuration; the backend is rebuilt from them (for

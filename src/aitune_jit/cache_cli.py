@@ -57,7 +57,9 @@ def list_entries(root: Path) -> int:
     count = 0
     for path, decision in store.entries():
         count += 1
-        package = root / PACKAGES / decision.package if decision is not None and decision.package else None
+        own = decision is not None and (decision.package or "").startswith(f"{decision.key}.") and "/" not in str(
+            decision.package)
+        package = root / PACKAGES / str(decision.package) if own and decision is not None else None
         extra = package.stat().st_size if package is not None and package.is_file() else 0
         size = _size(path.stat().st_size + extra) + (" (with package)" if extra else "")
         age = _age(now - path.stat().st_mtime)

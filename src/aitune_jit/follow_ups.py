@@ -30,9 +30,10 @@ class FollowUps:
         self.package: dict[str, tuple[str, GraphSpec]] = {}
         self.upgrade: set[str] = set()
 
-    def snapshot(self) -> tuple[frozenset[str], frozenset[str]]:
-        """What is owed now (compared before and after a job: a job that settles nothing ends the follow-ups)."""
-        return frozenset(self.package), frozenset(self.upgrade)
+    def snapshot(self) -> tuple[frozenset[str], frozenset[str]] | None:
+        """What is owed now, None when nothing is (compared before and after a job: a job that owed something and
+        settled none of it, e.g. with the tuning budget spent, ends the follow-ups instead of queueing forever)."""
+        return (frozenset(self.package), frozenset(self.upgrade)) if self.pending() else None
 
     def pending(self) -> bool:
         return bool(self.package or self.upgrade)
@@ -41,8 +42,8 @@ class FollowUps:
         """What an applied outcome owes (`package_due`, `upgrade_due`) and settled (`packaged`, `upgraded`)."""
         self.upgrade -= outcome.upgraded
         self.upgrade |= outcome.upgrade_due
-        for name in outcome.packaged:
-            self.package.pop(name, None)
+        for name in outcome.packaged | {spec.name for spec, _backend in outcome.entries}:
+            self.package.pop(name, None)  # made, or the graph's backend replaced: its old spec is owed nothing
         self.package.update(outcome.package_due)
 
     def clear(self) -> None:

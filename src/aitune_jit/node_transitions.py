@@ -26,7 +26,7 @@ from aitune_jit import summary, tuner, worker
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import missing_for_tuning
 from aitune_jit.outcome import TuningOutcome, Verdict, release_backend
-from aitune_jit.runtime import bypassed
+from aitune_jit.runtime import bypassed, is_installed
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
@@ -76,9 +76,8 @@ class NodeTransitions:
         if not lock.acquire(timeout=-1 if timeout is None else timeout):  # a blocking-mode tuning of the root hangs
             self._tuning = False
             return
-        owed = None
+        owed = self._follow.snapshot()
         try:
-            owed = None if self.ready_graphs() else self._follow.snapshot()  # a job for follow-ups alone
             self._pending = False
             try:
                 with bypassed(), torch.no_grad():  # this thread's module calls are aitune's own
@@ -88,10 +87,13 @@ class NodeTransitions:
                 if not worker.abandoned():
                     self._internal_error("tuning", exc)
         finally:
-            if owed is not None and self._follow.snapshot() == owed:  # it settled nothing owed (a spent budget)
+            if owed and self._follow.snapshot() == owed:  # owed before and settled nothing: it never will
                 self._follow.clear()
-            again = self._follow.pending() and not worker.abandoned() and self.state is NodeState.TUNED
-            self._tuning = again
+            again = (self._follow.pending() and not worker.abandoned() and self.state is NodeState.TUNED
+                     and is_installed())
+            if not again:
+                self._follow.clear()
+            self._tuning = False  # while follow-ups wait, calls record and ranges grow as after any job
             lock.release()
         if again:  # what the outcome owes (`follow_ups.py`) is a job of its own, queued behind the others
             worker.submit(self, NodeTransitions._tune_queued)

@@ -8,11 +8,12 @@ for torch.compile's first call with warm Inductor caches). An AOTInductor packag
 - Making (`make_next`, a follow-up job of the process that tuned, `follow_ups.py`): after a graph's decision is
   taken and applied, the worker exports the graph (`torch.export`, on the job thread) and compiles the package in
   a child process (`aitune_core.aoti_packaging`), loads it and validates it on the node's samples, then records it
-  in the decision (`packages/<key>.pt2` and its SHA-256). A decision that already has a package (another replica
-  made it) is left alone. Failures are logged in the history; the decision stays as it was.
+  in the decision (`packages/<key>.<build>.pt2`, a name per build, and its SHA-256). A decision that already has a
+  package (another replica made it) is left alone. Failures are logged in the history; the decision stays as it was.
 - Warm start (`warm_starts`, in the tuning of a later process): a graph whose decision has a package is served by
   `AOTIPackageBackend` once the package is loaded and validated on this process's own samples; the graph is then
-  owed an upgrade: the next job builds the decided backend (which may use CUDA graphs) and it replaces the package.
+  owed an upgrade: the next job builds the decided backend (which may use CUDA graphs) and it replaces the package;
+  if it cannot be built here, the package keeps serving and nothing is stored (`keep_packages`).
   A package that is missing, damaged (its digest differs) or fails validation is ignored with one WARNING, and the
   decision is built as before.
 
@@ -29,8 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -66,11 +69,17 @@ def enabled(device: torch.device) -> bool:
     return env_choice("AITUNE_WORKER_PACKAGE", CHOICES, "off") == "on"
 
 
+def own_package_name(decision: Decision) -> bool:
+    """Whether the decision names a package file of its own key (`<key>.<build>.pt2`, in the packages folder)."""
+    name = decision.package or ""
+    return name.startswith(f"{decision.key}.") and name.endswith(".pt2") and "/" not in name and "\\" not in name
+
+
 def package_path(decision: Decision) -> Path | None:
-    """Where the decision's package lies; None when it has none or names another file than its own key's."""
-    if not decision.package or decision.package != f"{decision.key}.pt2" or not decision.package_sha256:
+    """Where the decision's package lies; None when it has none or names another file than one of its own key."""
+    if not own_package_name(decision) or not decision.package_sha256:
         return None
-    return Path(jit_config.cache_dir) / PACKAGES / decision.package
+    return Path(jit_config.cache_dir) / PACKAGES / str(decision.package)
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -134,6 +143,15 @@ def warm_starts(
         graphs.remove(spec)
 
 
+def keep_packages(node: TuningNode, graphs: list[GraphSpec]) -> None:
+    """Graphs whose upgrade found no decided backend to build (the decision failed here): they keep their package;
+    tuning them from scratch would store its verdict over a decision that holds elsewhere."""
+    for spec in [spec for spec in graphs if spec.name in node.upgrade_due]:
+        graphs.remove(spec)
+        registry.log(f"{node.short} graph {spec.name}: the decided backend could not be built here; the package "
+                     "keeps serving it")
+
+
 def owed(outcome: TuningOutcome, keys: dict[str, str], device: torch.device) -> TuningOutcome:
     """`outcome` with the packages it owes: its graphs served by a backend other than a package, whose decision
     has no package yet."""
@@ -183,10 +201,11 @@ def _package(node: TuningNode, decision: Decision, spec: GraphSpec, samples: lis
     from aitune_core.aoti_packaging import compile_package
 
     start = time.perf_counter()
-    dest = Path(jit_config.cache_dir) / PACKAGES / f"{decision.key}.pt2"
-    timeout = jit_config.tuning_timeout_s
+    # a name per build: replicas packaging the same decision never replace each other's file (builds differ)
+    dest = Path(jit_config.cache_dir) / PACKAGES / f"{decision.key}.{os.getpid()}-{uuid.uuid4().hex[:8]}.pt2"
+    timeout = jit_config.tuning_timeout_s  # the job's own limit: the compile gets most of it, the rest is export
     digest = compile_package(node.tuning_view(), spec, samples, device, dest,
-                             timeout_s=1800.0 if timeout is None else float(timeout), should_stop=abandoned)
+                             timeout_s=1800.0 if timeout is None else 0.8 * float(timeout), should_stop=abandoned)
     made = dataclasses.replace(decision, package=dest.name, package_sha256=digest)
     try:
         release_backend(_load(made, node.tuning_view(), spec, samples, device))

@@ -183,6 +183,7 @@ def _decide(
     finished = decisions.reuse(node, proxy, graphs, samples, keys, device, cache_dir, first, draft)
     if finished is not None:
         return finished
+    packaging.keep_packages(node, graphs)
     first = first and not draft.entries  # a node with a reused backend is tuned: its other graphs may only fail
     if not graphs:
         return draft.finish()

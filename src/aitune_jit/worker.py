@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,6 +46,7 @@ import torch
 from aitune_jit import capture_guard
 from aitune_jit.config import jit_config
 from aitune_jit.outcome import TuningOutcome
+from aitune_jit.state import NodeState
 from aitune_jit.tuning_order import expected_gain, pick_next
 from aitune_jit.worker_compile_process import compiles_in_subprocess
 from aitune_jit.worker_courtesy import courteous
@@ -180,12 +182,15 @@ class TuningWorker:
         if thread.is_alive():
             job.abandoned = True
             node = job.node_ref()
-            if node is not None:
+            late = f"tuning did not finish within jit_config.tuning_timeout_s={jit_config.tuning_timeout_s:g}s"
+            if node is not None and getattr(node, "state", None) is NodeState.TUNED:  # another graph or a follow-up:
+                node.job_dropped()  # what the node serves stays; the graphs the job was tuning run eagerly
+                node.apply(TuningOutcome.unchanged(
+                    failed=MappingProxyType({spec.name: late for spec in node.ready_graphs()}),
+                    packaged=frozenset(node.package_due), upgraded=node.upgrade_due))
+            elif node is not None:
                 node.job_dropped()
-                node.apply(TuningOutcome.eager(
-                    f"tuning did not finish within jit_config.tuning_timeout_s={jit_config.tuning_timeout_s:g}s",
-                    reopen=False, level=logging.WARNING,
-                ))
+                node.apply(TuningOutcome.eager(late, reopen=False, level=logging.WARNING))
 
     def _job_body(self, job: _Job) -> None:
         _local.job = job

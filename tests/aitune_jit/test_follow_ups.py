@@ -28,4 +28,18 @@ def test_an_upgrade_owed_again_by_the_same_outcome_stays_owed_and_clear_forgets_
     assert follow.upgrade == {"0"}  # a re-tune that warm-started again owes its upgrade again
     follow.package["1"] = ("k1", object())
     follow.clear()
-    assert not follow.pending() and follow.snapshot() == (frozenset(), frozenset())
+    assert not follow.pending() and follow.snapshot() is None
+
+
+def test_a_graph_whose_backend_was_replaced_owes_nothing_for_its_old_spec():
+    follow = FollowUps()
+    assert follow.snapshot() is None  # nothing owed
+    old_spec, new_spec = _Spec("0"), _Spec("0")
+    follow.package["0"] = ("k-old", old_spec)
+    follow.note(TuningOutcome.tuned([(new_spec, object())], []))  # re-tuned over wider ranges, owing nothing new
+    assert follow.package == {}
+
+
+class _Spec:
+    def __init__(self, name: str) -> None:
+        self.name = name

@@ -82,6 +82,7 @@ def test_a_later_run_warm_starts_from_the_package_then_upgrades(monkeypatch, cap
     (decision,) = [d for _path, d in DecisionStore(jit_config.cache_dir).entries()]
     path = packaging.package_path(decision)
     assert path is not None and file_sha256(path) == decision.package_sha256
+    assert path.name.startswith(f"{decision.key}.") and path.name != f"{decision.key}.pt2"  # a name per build
 
     _new_process()
     builds = CountingBackend.builds
@@ -92,6 +93,17 @@ def test_a_later_run_warm_starts_from_the_package_then_upgrades(monkeypatch, cap
     node = PatchedModule.of(model)
     assert node.state is NodeState.TUNED and [b.name for b in node.backends] == ["CountingBackend"]
     assert CountingBackend.builds == builds + 1 and not _history("package for warm starts made")
+
+    _new_process()  # the decided backend cannot be built here: the package keeps serving, nothing is stored
+    monkeypatch.setattr(CountingBackend, "_build", lambda *a: (_ for _ in ()).throw(RuntimeError("no such device")))
+    model = make_mlp()
+    _serve(model)
+    assert [b.name for b in PatchedModule.of(model).backends] == ["AOTIPackageBackend"]
+    assert len(_history("the package keeps serving it")) == 1
+    (kept,) = [d for _path, d in DecisionStore(jit_config.cache_dir).entries()]
+    assert kept.kind == "backend" and kept.package == decision.package
+    monkeypatch.undo()
+    _background(monkeypatch)
 
     path.write_bytes(path.read_bytes()[:1000])  # a damaged package: ignored, the decision built as before
     _new_process()
@@ -117,3 +129,23 @@ def test_a_missing_package_is_ignored_and_the_decision_is_built(monkeypatch, cap
         _serve(make_mlp())
     assert any("no package at" in r.getMessage() for r in caplog.records)
     assert len(_history("reused the decision")) == 1
+
+
+def test_a_job_that_settles_nothing_it_owes_ends_the_follow_ups_instead_of_queueing_forever(monkeypatch):
+    """A warm-started graph owes an upgrade, and the tuning budget is spent (by other modules): the job returns
+    without tuning; the node must not be queued again and again."""
+    from aitune_jit import worker
+    from aitune_jit.node_transitions import NodeTransitions
+    from aitune_jit.tuning_budget import budget
+
+    _background(monkeypatch)
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "off")
+    model = make_mlp()
+    _serve(model)
+    node = PatchedModule.of(model)
+    node._follow.upgrade.add(node._entries[0][0].name)
+    jit_config.tuning_budget_s = 1.0
+    monkeypatch.setattr(budget, "spent_s", 5.0)
+    worker.submit(node, NodeTransitions._tune_queued)
+    assert wait_until_tuned(timeout=10)
+    assert not node._follow.pending() and node.state is NodeState.TUNED and not node._tuning

@@ -199,4 +199,4 @@ def refused_while_another_thread_traces(exc: BaseException) -> bool:
     text = str(exc)
     if isinstance(exc, RuntimeError) and NESTED_FX_TRACE_REFUSAL in text:
         return True
-    return FX_TRACER_FRAME in text
+    return isinstance(exc, RuntimeError) and FX_TRACER_FRAME in text  # dynamo's errors are RuntimeErrors
