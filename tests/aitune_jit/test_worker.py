@@ -68,6 +68,25 @@ def test_a_hung_build_is_abandoned_after_the_timeout(background, caplog):
     torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(), [2, 3]))
 
 
+def test_a_tuned_module_whose_next_graph_hangs_keeps_its_backend(background):
+    """A second graph's build overruns the timeout: the graph it was for runs eagerly, the first stays tuned."""
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    assert wait_until_tuned(timeout=30)
+    node = PatchedModule.of(model)
+    CountingBackend.build_delay_s = 3.0
+    jit_config.tuning_timeout_s = 0.3
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # another rank: a new graph
+        for _ in range(2):
+            model(torch.randn(2, 5, 32, generator=generator))
+    assert wait_until_tuned(timeout=10)
+    assert node.state is NodeState.TUNED and len(node.backends) == 1
+    assert any("tuning_timeout_s=0.3" in why for why in node._failed.values()), node._failed
+    torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(), [2, 3]))
+
+
 def test_wait_until_tuned_times_out_and_pending_names_the_job(background):
     CountingBackend.build_delay_s = 1.0
     model = make_mlp()
