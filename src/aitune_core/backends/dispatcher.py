@@ -18,8 +18,10 @@ otherwise the handler - the caller's policy (the JIT drops that backend, the AOT
 backend and the exception, and the original's output is the call's answer. Errors of the fallback itself always
 propagate. One error blames nobody: dynamo refuses to run a compiled function while FX tracing is in progress
 anywhere in the process (torch keeps that flag process-wide, and the background worker traces while requests run);
-such a call is answered by the original forward and the backend keeps serving. While `dispatch_pause` is held
-(the worker exports a graph), every call is the original forward's.
+such a call is answered by the original forward and the backend keeps serving. Every call is the original
+forward's while an FX trace runs anywhere in the process (torch's process-wide flag: AOTAutograd's make_fx of a
+tuning job, an export) and while `dispatch_pause` is held (the worker exports a graph): a compiled backend called
+then could recompile on the caller's thread, trace into FX's patched module call and fail (seen on an H100).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+import torch.fx._symbolic_trace as _fx_trace
 
 from aitune_core.backends.dispatch_pause import HOLDERS as PAUSE_HOLDERS
 from aitune_core.log import get_logger
@@ -107,7 +111,7 @@ class GraphDispatcher:
         return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if PAUSE_HOLDERS[0]:  # another thread traces what compiled calls must not run beside (`dispatch_pause`)
+        if PAUSE_HOLDERS[0] or _fx_trace._is_fx_tracing_flag:  # a trace that compiled calls must not meet
             return self._original(*args, **kwargs)
         watch = self._watch
         if watch is not None and watch.stale():
