@@ -2,56 +2,44 @@
 
 Build
     The module is wrapped with `torch.compile(..., backend="inductor", fullgraph, dynamic, mode, options)` and every
-    recorded sample is run through the compiled module exactly once (never through the original module again:
-    modules may be stateful). Before the warm-up calls, the batch and dynamic axes of the GraphSpec are marked
-    dynamic on (aliases of) the sample tensors with `torch._dynamo.mark_dynamic(t, axis, min=, max=)`, the
-    recorded range of that axis, so a single dynamic graph serves every shape inside the range and later calls do
-    not recompile. Dynamo specializes sizes 0 and 1, so an axis is marked only where the sample's size is >= 2
-    (with `min=max(2, recorded min)`); a recorded size of 1 gets its own specialized graph during warm-up. If the
-    model's code forces an axis to be static (a `ConstraintViolationError`), the build retries once with
-    `maybe_mark_dynamic` (a hint instead of a constraint). `dynamic=False` disables marking (always specialize).
+    recorded sample is run through it exactly once (modules may be stateful). Before those calls the batch and
+    dynamic axes of the GraphSpec are marked on (aliases of) the sample tensors with `mark_dynamic(t, axis, min=,
+    max=)`, the recorded range, so one dynamic graph serves the range. Dynamo specializes sizes 0 and 1: an axis
+    is marked only where the sample's size is >= 2 (`min=max(2, recorded min)`), and a recorded size of 1 gets a
+    graph of its own. If the model forces an axis static (`ConstraintViolationError`), the build retries once with
+    `maybe_mark_dynamic`. `dynamic=False` disables marking (always specialize).
 
 Inference
-    Runs the compiled module, inside `torch.autocast(device_type, dtype)` when autocast is enabled; floating outputs
-    are cast back to the dtypes the original module returned, so callers see the same dtypes. Grad mode and
-    inference mode are part of dynamo's guards, and the warm-up runs under `torch.no_grad()`: the first call under
-    another mode (grad enabled, `torch.inference_mode()`) compiles once more. That call's inputs are marked the same
-    way (on detached aliases), so the extra compile is dynamic over the recorded range - one per mode, not one per
-    shape. The first call after `activate()` / `deploy()` is marked too (it normally hits dynamo's cache). Autograd
-    is left as the caller has it: a call with grad enabled gets outputs with autograd history.
+    Runs the compiled module (inside `torch.autocast` when enabled; floating outputs are cast back to the original
+    dtypes). Grad and inference mode are guarded and the warm-up runs under `torch.no_grad()`: the first call in
+    another mode compiles once more, its inputs marked the same way (one compile per mode, not per shape), as is
+    the first call after `activate()` / `deploy()`. Autograd is left as the caller has it.
 
 CUDA graphs
-    With `mode="reduce-overhead"`, `mode="max-autotune"` or the option `triton.cudagraphs` on a CUDA device, Inductor
-    replays CUDA graphs whose output buffers are overwritten by the next replay. `_infer` therefore clones every
-    output tensor, so callers can keep outputs across calls. Cost: one device-to-device copy of the outputs per
-    call (small next to the launch overhead CUDA graphs save, but it is there; measured throughput includes it).
-    `torch.compiler.cudagraph_mark_step_begin()` is deliberately never called: each call of a compiled function
-    already starts a new CUDA-graph generation, and the first `mark_step_begin()` in a process switches every
-    CUDA-graph function in it - the user's own `torch.compile(mode="reduce-overhead")` ones too - to counting
-    generations by mark steps only. A user's function called without mark steps then re-records its graphs while
-    its previous outputs are alive, instead of replaying them. A module whose calls change their arguments (a KV
-    cache, `Sample.mutates_inputs`) is refused: what it writes into them would be a replay buffer.
+    With `mode="reduce-overhead"`, `mode="max-autotune"` or the option `triton.cudagraphs` on a CUDA device, replays
+    overwrite their output buffers, so `_infer` clones every output (one device copy per call, included in measured
+    throughput). `torch.compiler.cudagraph_mark_step_begin()` is never called: the first call of it in a process
+    switches every CUDA-graph function - the user's own too - to counting generations by mark steps only, and a
+    user's function then re-records instead of replaying. A module whose calls change their arguments (a KV cache,
+    `Sample.mutates_inputs`) is refused: what it writes into them would be a replay buffer.
 
 One compiled entry per backend
-    The module is compiled through `isolated_entry(module)`, a function with a code object of its own, not as
-    `torch.compile(module)`: dynamo keeps compiled entries per code object, and the class's `forward` is shared
-    by every instance and every equal `torch.compile` in the process (see `isolated_entry`). So this backend's
-    graphs, CUDA-graph recordings and recompile count are its own.
+    The module is compiled through `isolated_entry(module)`, a code object of its own (dynamo keeps entries per code
+    object, and a class's `forward` is shared by every instance and every equal `torch.compile`), so this
+    backend's graphs, CUDA-graph recordings and recompile count are its own.
 
 Recompile limit
-    Dynamo keeps at most `torch._dynamo.config.recompile_limit` (8) compiled entries per code object and
-    silently runs eager beyond it. A backend's own entries (one per grad/inference mode, plus specialized sizes)
-    stay far below it, but the warm-up (and the first call after activation) still run with the limit raised to
-    `RECOMPILE_LIMIT` for their duration only.
+    Dynamo keeps at most `torch._dynamo.config.recompile_limit` (8) entries per code object and then runs eager; the
+    warm-up (and the first call after activation) run with it raised to `RECOMPILE_LIMIT` for their duration only.
 
-Deactivate
-    Drops the compiled wrapper and the samples. `torch._dynamo.reset()` is global and deliberately not called. The
-    generated code stays with the backend's own entry function while the backend lives (re-activating reuses it).
+Batch sizes
+    Without CUDA graphs, the build also calls the backend at the batch range's ends and powers of two between them
+    (`batch_probes`): sizes torch specialized are compiled here, not in a serving thread's call.
 
-Checkpoint (`to_dict` / `from_dict`)
-    Only the configuration, the output dtypes, the forward binder and the dynamic-axis marks are stored. The
-    module's weights are the user's: the checkpoint layer saves the module state separately and passes the module
-    back to `from_dict`, which requires it. Compilation happens again (lazily, on the first call) after loading.
+Deactivate, checkpoint (`to_dict` / `from_dict`)
+    `deactivate()` drops the compiled wrapper and the samples (`torch._dynamo.reset()` is global: never called). A
+    checkpoint stores only the configuration, the output dtypes, the forward binder and the dynamic-axis marks; the
+    module is the user's, required by `from_dict`. Compilation happens again, lazily, on the first call after loading.
 """
 
 from __future__ import annotations
@@ -64,6 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
+from aitune_core.backends.batch_probes import batch_probes
 from aitune_core.backends.compile_regions import CompileRegions
 from aitune_core.backends.isolated_entry import isolated_entry
 from aitune_core.log import get_logger
@@ -411,6 +400,17 @@ class TorchInductorBackend(Backend):
             self._unmark_regions()  # a failed (or cancelled) build holds nothing
             raise
         self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
+        if not self._cudagraphs:  # (CUDA graphs would record each size here, for this thread only)
+            self._warm_up_sizes(graph_spec, data)
+
+    def _warm_up_sizes(self, graph_spec: GraphSpec, data: list[Sample]) -> None:
+        """Compile here the batch sizes of the range that no recorded call showed (`batch_probes`); best effort."""
+        with torch.no_grad(), _raised_recompile_limit():
+            for args, kwargs in batch_probes(graph_spec, data, self._device):
+                try:
+                    self._run(*self._marked_inputs(args, kwargs, soft=self._soft_marks))
+                except Exception as exc:  # a size the model refuses: its calls fail the same way eagerly
+                    _logger.debug("%s: batch-size warm-up call failed (%r)", self.describe(), exc)
 
     def _mark_regions(self) -> int:
         """Mark the repeated blocks as nested compile regions for as long as this backend is active (see
