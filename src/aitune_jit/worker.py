@@ -201,7 +201,8 @@ class TuningWorker:
             prime_inductor_without_fx_patching()
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
-            with steps_aside(), _own_stream(node), courteous(), compiles_in_subprocess():  # (waits from the start)
+            gate = steps_aside(capture_guard.capturing_here)  # (waits from the start)
+            with gate, _own_stream(node), courteous(), compiles_in_subprocess():
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)

@@ -1,5 +1,7 @@
 """aitune_jit/worker_yield.py: a background job's thread waits while a request is served, resumes when it ends,
-is never starved, and the hook counts one request per outermost module call."""
+is never starved, and the hook counts one request per outermost module call. The gate is a monitoring callback
+on Python 3.12+ and a profile function before; the tests that need torch import it themselves, so that the
+rest runs under a Python without torch (`python3.12 -m pytest --noconftest` on this file)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,12 @@ import threading
 import time
 
 import pytest
-import torch
 
-from aitune_core import profiling
+from aitune_core.timed_section import timed, timing_now
+from aitune_jit import py_start_gate
 from aitune_jit import worker_yield as wy
-from aitune_jit.switch import enable
+
+monitoring_only = pytest.mark.skipif(not py_start_gate.available(), reason="needs sys.monitoring (Python 3.12+)")
 
 
 def _tick() -> None:
@@ -22,15 +25,16 @@ def _tick() -> None:
 class _Job(threading.Thread):
     """A job thread doing Python calls under `steps_aside()` until stopped; counts them."""
 
-    def __init__(self) -> None:
+    def __init__(self, paused_by=wy._never) -> None:
         super().__init__(daemon=True)
         self.count = 0
         self.stop = False
         self.gate = None
+        self.paused_by = paused_by
         self.started_gate = threading.Event()
 
     def run(self) -> None:
-        with wy.steps_aside() as gate:
+        with wy.steps_aside(self.paused_by) as gate:
             self.gate = gate
             self.started_gate.set()
             while not self.stop:
@@ -38,17 +42,33 @@ class _Job(threading.Thread):
                 self.count += 1
 
 
-@pytest.fixture
-def job(monkeypatch):
-    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
-    thread = _Job()
+def _start(thread: _Job) -> _Job:
     thread.start()
     assert thread.started_gate.wait(5)
-    yield thread
+    return thread
+
+
+def _finish(thread: _Job) -> None:
     thread.stop = True
     while wy.requests_in_flight():
         wy.request_finished()
     thread.join(5)
+
+
+@pytest.fixture(params=["default", "profile"])
+def mechanism(request, monkeypatch):
+    """Each gate this Python has: its default, and the profile function (AITUNE_WORKER_YIELD_GATE=profile)."""
+    if request.param == "profile":
+        monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", "profile")
+    return request.param
+
+
+@pytest.fixture
+def job(monkeypatch, mechanism):
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    thread = _start(_Job())
+    yield thread
+    _finish(thread)
 
 
 def test_the_job_waits_while_a_request_runs_and_resumes_when_it_ends(job):
@@ -79,8 +99,14 @@ def test_a_job_is_not_starved_by_requests_that_never_end(monkeypatch):
         thread.join(5)
 
 
+def test_the_gate_is_the_monitoring_callback_where_python_has_it(job, mechanism):
+    expected = "monitoring" if mechanism == "default" and py_start_gate.available() else "profile"
+    assert job.gate.mechanism == expected and py_start_gate.installed() == (expected == "monitoring")
+
+
 def test_the_profile_function_is_this_threads_only_and_removed_after(monkeypatch):
     monkeypatch.delenv("AITUNE_WORKER_YIELD_MS", raising=False)
+    monkeypatch.setattr(py_start_gate, "acquire", lambda callback: False)
     seen = []
     with wy.steps_aside() as gate:
         assert sys.getprofile() is gate and gate.max_wait == wy.DEFAULT_MAX_WAIT_S
@@ -93,8 +119,9 @@ def test_the_profile_function_is_this_threads_only_and_removed_after(monkeypatch
 def test_off_by_setting_or_when_the_thread_is_already_profiled(monkeypatch):
     monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "0")
     with wy.steps_aside() as gate:
-        assert gate is None and sys.getprofile() is None
+        assert gate is None and sys.getprofile() is None and not py_start_gate.installed()
     monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "50")
+    monkeypatch.setattr(py_start_gate, "acquire", lambda callback: False)
 
     def theirs(frame, event, arg):
         return None
@@ -107,9 +134,39 @@ def test_off_by_setting_or_when_the_thread_is_already_profiled(monkeypatch):
         sys.setprofile(None)
 
 
-def test_timed_calls_run_without_the_pause(monkeypatch):
-    """A pause inside a timed call would be measured as the backend's time."""
+def test_timed_sections_are_not_paused(job):
+    """A pause inside a timed call would be measured as the backend's time (`aitune_core.timed_section`)."""
+    job.stop = True
+    job.join(5)
+    ready, go, done = threading.Event(), threading.Event(), threading.Event()
+    calls = []
+
+    def timed_job():
+        with wy.steps_aside(), timed():
+            ready.set()
+            go.wait(5)
+            calls.append(timing_now())
+            for _ in range(1000):
+                _tick()
+            done.set()
+
+    threading.Thread(target=timed_job, daemon=True).start()
+    assert ready.wait(5)
+    wy.request_started()
+    try:
+        go.set()
+        assert done.wait(2) and calls == [True]  # a request in flight all along: 1000 calls, no pause
+    finally:
+        wy.request_finished()
+
+
+def test_timed_calls_run_without_the_profile_function(monkeypatch):
+    """The profile function is also taken off while timing: its own cost would be measured."""
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from aitune_core import profiling
+
     monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    monkeypatch.setattr(py_start_gate, "acquire", lambda callback: False)
     with wy.steps_aside() as gate:
         with profiling.timing_unpaused():
             assert sys.getprofile() is None
@@ -123,6 +180,9 @@ def test_timed_calls_run_without_the_pause(monkeypatch):
 
 
 def test_the_hook_counts_one_request_per_outermost_call():
+    torch = pytest.importorskip("torch")
+    from aitune_jit.switch import enable
+
     seen = []
 
     class Child(torch.nn.Module):
@@ -146,13 +206,56 @@ def test_the_hook_counts_one_request_per_outermost_call():
     assert wy.requests_in_flight() == 0
 
 
-def test_a_job_that_captures_a_cuda_graph_does_not_step_aside(job, monkeypatch):
+def test_a_job_that_captures_a_cuda_graph_does_not_step_aside(monkeypatch, mechanism):
     """A paused capture would hold up every device synchronization of the requests (capture_guard)."""
-    monkeypatch.setattr(wy, "capturing_here", lambda: True)
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    capturing = [True]
+    job = _start(_Job(paused_by=lambda: capturing[0]))
     wy.request_started()
     try:
         before = job.count
         time.sleep(0.1)
         assert job.count > before + 100
+        capturing[0] = False
+        time.sleep(0.05)
+        paused_at = job.count
+        time.sleep(0.1)
+        assert job.count - paused_at <= 2
     finally:
+        _finish(job)
+
+
+@monitoring_only
+def test_threads_without_a_gate_run_on_while_a_request_runs(job):
+    """The monitoring callback sees every thread's calls; only the job's thread waits."""
+    counts = [0]
+    stop = threading.Event()
+
+    def serving_side():
+        while not stop.is_set():
+            _tick()
+            counts[0] += 1
+
+    wy.request_started()
+    other = threading.Thread(target=serving_side, daemon=True)
+    try:
+        time.sleep(0.05)
+        paused_at = job.count
+        other.start()
+        time.sleep(0.2)
+        assert counts[0] > 1000 and job.count - paused_at <= 2
+    finally:
+        stop.set()
+        other.join(5)
         wy.request_finished()
+
+
+@monitoring_only
+def test_the_callback_is_removed_when_the_last_job_ends(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "50")
+    with wy.steps_aside() as first:
+        with wy.steps_aside() as second:  # (jobs of two devices)
+            assert first.mechanism == second.mechanism == "monitoring" and py_start_gate.installed()
+        assert py_start_gate.installed()
+    assert not py_start_gate.installed() and sys.monitoring.get_tool(py_start_gate.TOOL_IDS[0]) is None
+

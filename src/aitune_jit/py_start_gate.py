@@ -1,0 +1,96 @@
+"""One `sys.monitoring` callback on Python function starts, shared by the tuning jobs that run at once.
+
+Why: a background job steps aside for requests at its Python function calls (`worker_yield`). A profile
+function (`sys.setprofile`) would see those calls too, but it puts the interpreter in its slow mode for that
+thread and reports every C call and return as well; `sys.monitoring` (Python 3.12 and later) calls back on
+function starts only and leaves the rest of the interpreter as it is.
+
+Monitoring events are process-wide: every thread's function starts reach the callback while it is installed,
+so the callback must return at once on threads that are not gated (`worker_yield._on_function_start` does).
+Jobs on several devices may run at once; the first `acquire` installs the callback and the last `release`
+removes it. The callback takes a tool id that debuggers, coverage and profilers leave free (3 or 4); when
+both are taken, or on an older Python, `acquire` returns False and the caller uses its fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_logger = logging.getLogger("aitune.jit")
+
+TOOL_NAME = "aitune-step-aside"
+#: ids left free by the ones Python names (debugger 0, coverage 1, profiler 2, optimizer 5)
+TOOL_IDS = (4, 3)
+
+_lock = threading.Lock()
+_users = 0
+_tool: int | None = None
+_callback: Callable[[Any, int], Any] | None = None
+
+
+def available() -> bool:
+    """True where this Python has `sys.monitoring`."""
+    return hasattr(sys, "monitoring")
+
+
+def acquire(callback: Callable[[Any, int], Any]) -> bool:
+    """Have `callback(code, offset)` called at every Python function start until the matching `release`.
+    All users share the first user's callback. False (nothing installed) where monitoring is missing or no tool
+    id is free."""
+    global _users, _tool, _callback
+    if not available():
+        return False
+    with _lock:
+        if _users:
+            _users += 1
+            return True
+        tool = _claim_tool()
+        if tool is None:
+            return False
+        monitoring = sys.monitoring
+        monitoring.register_callback(tool, monitoring.events.PY_START, callback)
+        monitoring.set_events(tool, monitoring.events.PY_START)
+        _tool, _callback, _users = tool, callback, 1
+        return True
+
+
+def release() -> None:
+    """Undo one `acquire` that returned True; the last one removes the callback and frees the tool id."""
+    global _users, _tool, _callback
+    with _lock:
+        if _users <= 0:
+            return
+        _users -= 1
+        if _users or _tool is None:
+            return
+        monitoring = sys.monitoring
+        try:
+            monitoring.set_events(_tool, monitoring.events.NO_EVENTS)
+            monitoring.register_callback(_tool, monitoring.events.PY_START, None)
+            monitoring.free_tool_id(_tool)
+        except Exception:  # (a tool id freed by someone else meanwhile)
+            _logger.debug("could not release monitoring tool %s", _tool, exc_info=True)
+        _tool, _callback = None, None
+
+
+def installed() -> bool:
+    """True while the callback is installed."""
+    return _users > 0
+
+
+def _claim_tool() -> int | None:
+    monitoring = sys.monitoring
+    for tool in TOOL_IDS:
+        if monitoring.get_tool(tool) is not None:
+            continue
+        try:
+            monitoring.use_tool_id(tool, TOOL_NAME)
+        except ValueError:  # taken between the check and the claim
+            continue
+        return tool
+    _logger.debug("no sys.monitoring tool id free among %s: the profile-function gate is used", TOOL_IDS)
+    return None

@@ -1,0 +1,71 @@
+"""aitune_jit/py_start_gate.py: one shared monitoring callback on function starts, installed by the first acquire,
+removed by the last release, and a clean refusal where Python has no `sys.monitoring` or no tool id is free.
+Torch-free: runs under `python3.12 -m pytest --noconftest` too (the 3.12 cases skip on older Pythons)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import pytest
+
+from aitune_jit import py_start_gate
+
+monitoring_only = pytest.mark.skipif(not py_start_gate.available(), reason="needs sys.monitoring (Python 3.12+)")
+
+
+def _work() -> int:
+    return 1
+
+
+@pytest.mark.skipif(py_start_gate.available(), reason="this Python has sys.monitoring")
+def test_older_pythons_get_false_and_nothing_installed():
+    assert py_start_gate.acquire(lambda code, offset: None) is False
+    assert not py_start_gate.installed()
+    py_start_gate.release()  # (harmless without an acquire)
+
+
+@monitoring_only
+def test_function_starts_of_every_thread_reach_the_callback_until_the_last_release():
+    seen = []
+
+    def callback(code, offset):
+        if code is _work.__code__:
+            seen.append(threading.get_ident())
+
+    assert py_start_gate.acquire(callback)
+    assert py_start_gate.acquire(lambda code, offset: None)  # a second job shares the first callback
+    try:
+        _work()
+        other = threading.Thread(target=_work)
+        other.start()
+        other.join()
+        assert set(seen) == {threading.get_ident(), other.ident}
+        py_start_gate.release()
+        assert py_start_gate.installed()
+        _work()
+        assert len(seen) == 3
+    finally:
+        py_start_gate.release()
+    assert not py_start_gate.installed()
+    assert all(sys.monitoring.get_tool(tool) is None for tool in py_start_gate.TOOL_IDS)
+    _work()
+    assert len(seen) == 3
+
+
+@monitoring_only
+def test_a_free_id_is_taken_and_none_free_means_false():
+    first = py_start_gate.TOOL_IDS[0]
+    sys.monitoring.use_tool_id(first, "someone else")
+    try:
+        assert py_start_gate.acquire(lambda code, offset: None)
+        assert sys.monitoring.get_tool(py_start_gate.TOOL_IDS[1]) == py_start_gate.TOOL_NAME
+        py_start_gate.release()
+        sys.monitoring.use_tool_id(py_start_gate.TOOL_IDS[1], "someone else too")
+        try:
+            assert py_start_gate.acquire(lambda code, offset: None) is False
+            assert not py_start_gate.installed()
+        finally:
+            sys.monitoring.free_tool_id(py_start_gate.TOOL_IDS[1])
+    finally:
+        sys.monitoring.free_tool_id(first)
