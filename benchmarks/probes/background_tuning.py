@@ -12,6 +12,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
   thread instead of its compile process) and a cache folder of its own;
 - `jit-cold-nostep`: as `jit-cold` with `AITUNE_WORKER_YIELD_MS=0` (the job does not step aside while a
   request is served) and a cache folder of its own;
+- `jit-cold-profile`: as `jit-cold` with `AITUNE_WORKER_YIELD_GATE=profile` (the job steps aside through a
+  profile function instead of the monitoring callback of Python 3.12+) and a cache folder of its own;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
 - `jit-warm-rebuild`: as `jit-warm` with `AITUNE_WORKER_PACKAGE=off`: the decided backend is rebuilt, no
   package is loaded (with `--packages on`, the warm start from a package against the rebuild it replaces);
@@ -59,8 +61,8 @@ WORKLOADS = {
             "bert-varlen": ("bert_base", "varlen")},
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
-CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-warm", "jit-warm-rebuild", "jit-blocking",
-              "compile-cold", "compile-warm", "compile-dynamic")
+CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-cold-profile", "jit-warm",
+              "jit-warm-rebuild", "jit-blocking", "compile-cold", "compile-warm", "compile-dynamic")
 CHECK_SEEDS = (1000, 1001)
 #: frames kept per sampled stack (innermost last)
 STACK_DEPTH = 8
@@ -231,6 +233,9 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-nostep"), AITUNE_WORKER_YIELD_MS="0")
         if contender == "jit-cold-thread":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-thread"), AITUNE_WORKER_COMPILE="thread")
+        if contender == "jit-cold-profile":
+            env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-profile"),
+                       AITUNE_WORKER_YIELD_GATE="profile")
     if contender.startswith("compile"):  # compile-warm reuses compile-cold's cache; compile-dynamic has its own
         suffix = "-dynamic" if contender == "compile-dynamic" else ""
         env["TORCHINDUCTOR_CACHE_DIR"] = str(scratch / f"{model}-{schedule}-inductor{suffix}")
@@ -336,6 +341,10 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
                                                    1e3 * eager_p99 if eager_p99 else None),
         "nostep_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-nostep"].get("time_to_tuned_s"),
                                                                rows["compile-cold"].get("first_call_s")),
+        "profile_during_p99_over_eager_p99": _ratio(rows["jit-cold-profile"].get("during_p99_ms"),
+                                                    1e3 * eager_p99 if eager_p99 else None),
+        "profile_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-profile"].get("time_to_tuned_s"),
+                                                                rows["compile-cold"].get("first_call_s")),
         "thread_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-thread"].get("time_to_tuned_s"),
                                                                rows["compile-cold"].get("first_call_s")),
         "cold_time_to_tuned_over_compile_first_call": _ratio(cold.get("time_to_tuned_s"),
