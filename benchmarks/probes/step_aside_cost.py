@@ -10,8 +10,9 @@ trace, the AOTAutograd and FX graph caches, the validation) in fresh processes u
 - `monitoring`: the default, a `sys.monitoring` callback on function starts (Python 3.12+; on an older Python
   this row is the profile function again, and the table says so).
 
-Each process calls the model until the job is queued, then serves nothing and waits for it
-(`wait_until_tuned`): the time is from the first call to tuned. Variants are interleaved round by round.
+Each process calls the model `jit_config.min_samples` times (the last call queues the job), then serves nothing
+and waits for it (`wait_until_tuned`): the time is from the first call to tuned. Variants are interleaved round
+by round.
 
     python -m benchmarks.probes.step_aside_cost --device cpu --model tiny_resnet
     python -m benchmarks.probes.step_aside_cost --device cuda --model resnet50 --rounds 3
@@ -45,9 +46,8 @@ def child(model_name: str, device_name: str) -> int:
     import torch
 
     import aitune.torch.jit.enable  # noqa: F401  (the zero-code switch, as a user turns it on)
+    from aitune.torch import PatchedModule, jit_config
     from aitune.torch.jit import wait_until_tuned
-    from aitune_jit import worker, worker_yield
-    from aitune_jit.patched_module import PatchedModule
     from benchmarks.suite import models
 
     device = torch.device(device_name)
@@ -57,19 +57,24 @@ def child(model_name: str, device_name: str) -> int:
     x = torch.randn(1, 3, size, size, device=device)
     with torch.no_grad():
         begin = time.perf_counter()
-        for _ in range(50):
+        for _ in range(jit_config.min_samples):  # the call that completes min_samples queues the job
             module(x)
-            if worker.pending():
-                break
         queued = time.perf_counter() - begin
         tuned = wait_until_tuned(timeout=600)
         took = time.perf_counter() - begin
     node = PatchedModule.of(module)
-    gate = "none" if worker_yield.max_wait_s() <= 0 else (
-        "monitoring" if worker_yield.gate_choice() == "monitoring" and sys.version_info >= (3, 12) else "profile")
+    gate = _gate_used()
     print(MARK + json.dumps({"time_to_tuned_s": took, "queued_after_s": queued, "tuned": bool(tuned),
                              "state": node.state.value if node is not None else None, "gate": gate}), flush=True)
     return 0
+
+
+def _gate_used() -> str:
+    """The gate this process's job ran under, from the variables `VARIANTS` sets (monitoring needs 3.12+)."""
+    if os.environ.get("AITUNE_WORKER_YIELD_MS") == "0":
+        return "none"
+    wanted = os.environ.get("AITUNE_WORKER_YIELD_GATE", "monitoring")
+    return "monitoring" if wanted == "monitoring" and sys.version_info >= (3, 12) else "profile"
 
 
 def _run(variant: str, args: Any, cache: Path) -> dict[str, Any]:
