@@ -16,8 +16,10 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
   (the leading dimension varies between calls); until then the module keeps recording.
 - `max_depth_level` [2]: deepest level of the call tree whose modules may be tuned (root = 0).
 - `min_parameters` [1000]: modules with fewer parameters are SKIPPED (their children may still be tuned).
-- `detect_graph_breaks` [True]: before tuning, dynamo explains one recorded call; a module with a graph
-  break stays EAGER and its children become candidates.
+- `detect_graph_breaks` [True]: a module with a graph break stays EAGER and its children become candidates.
+  With the default strategy the Inductor candidates compile with `fullgraph=True`, so the first compile finds a
+  break itself and dynamo explains one recorded call only when it failed; with other backends the explanation
+  runs before tuning (`aitune_jit.tuner`).
 - `skip_modules` [[]]: class names that are never tuned (SKIPPED; their children may still be tuned).
 - `device` [None]: device to tune on; None means the device of the module's parameters (CPU without any).
 - `dry_run` [False]: log what would be tuned (graph-break checks included) and change nothing.
@@ -453,6 +455,7 @@ class JitConfig:
             min_speedup=self.min_speedup,
             min_eager_latency_us=self.min_eager_latency_us,
             skip_single_layer=self.skip_single_layer,
+            fullgraph=self.detect_graph_breaks,
         )
 
     def __repr__(self) -> str:
@@ -479,10 +482,12 @@ def default_strategy(
     min_speedup: float | None = None,
     min_eager_latency_us: float | None = None,
     skip_single_layer: bool = True,
+    fullgraph: bool = False,
 ) -> TuneStrategy:
     """The strategy used when neither `jit_config.strategy` nor `jit_config.backends` is set: the core default
     (`aitune_core.strategies.defaults.default_strategy`, measuring speed on every device), with this module's
-    `CUDA_EARLY_STOP_SPEEDUP` (re-exported here so that benchmarks can change it for the JIT)."""
+    `CUDA_EARLY_STOP_SPEEDUP` (re-exported here so that benchmarks can change it for the JIT). `resolve_strategy`
+    passes `fullgraph=detect_graph_breaks`: the first compile then finds a graph break itself (`aitune_jit.tuner`)."""
     from aitune_core.strategies.defaults import default_strategy as core_default_strategy
 
     return core_default_strategy(
@@ -492,6 +497,7 @@ def default_strategy(
         min_eager_latency_us=min_eager_latency_us,
         cuda_early_stop=CUDA_EARLY_STOP_SPEEDUP,
         skip_single_layer=skip_single_layer,
+        fullgraph=fullgraph,
     )
 
 

@@ -70,6 +70,30 @@ class FailsAtRunTimeBackend(CountingBackend):
         return super()._infer(*args, **kwargs)
 
 
+class WholeGraphBackend(CountingBackend):
+    """Traces the module with dynamo as one graph at build time (`fullgraph=True`, no code generation): a graph
+    break fails the build, so the tuner needs no separate graph-break check (`traces_whole_graph`)."""
+
+    @property
+    def traces_whole_graph(self) -> bool:
+        return True
+
+    def _build(self, module: torch.nn.Module, graph_spec: Any, data: list, cache_dir: Path) -> None:
+        from aitune_core.backends.isolated_entry import isolated_entry
+
+        super()._build(module, graph_spec, data, cache_dir)
+        traced = torch.compile(isolated_entry(module, "whole_graph_test"), backend="eager", fullgraph=True)
+        with torch.no_grad():
+            traced(*data[0].args, **data[0].kwargs)
+
+
+class WholeGraphWrongValuesBackend(WholeGraphBackend):
+    """Traces as one graph, then returns wrong values: validation rejects it after a build."""
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        return super()._infer(*args, **kwargs) + 1.0
+
+
 class Block(torch.nn.Module):
     def __init__(self, width: int = 32) -> None:
         super().__init__()

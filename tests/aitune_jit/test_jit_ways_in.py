@@ -78,7 +78,7 @@ def test_env_var_way(tmp_path):
     assert any(line.startswith("No graph breaks in ResNet") for line in report["history"])
     # the WARNING summary at interpreter exit
     assert "aitune JIT tuning summary: 1 module(s) tuned" in result.stderr
-    assert "🎯 ResNet (ResNet 📊320.4K, level 0): TorchInductorBackend()" in result.stderr
+    assert "🎯 ResNet (ResNet 📊320.4K, level 0): TorchInductorBackend(fullgraph=True)" in result.stderr
 
 
 def test_without_the_env_var_nothing_is_patched(tmp_path):

@@ -167,6 +167,13 @@ class Backend(ABC):
         the weights at call time (eager, Inductor) say False."""
         return False
 
+    @property
+    def traces_whole_graph(self) -> bool:
+        """True when a successful build proves that dynamo traced the module as one graph (a `fullgraph` compile):
+        JIT tuning then skips its separate graph-break check, which would trace the module once more
+        (`aitune_jit.tuner`). False for backends that may split the module or trace it another way."""
+        return False
+
     # ----------------------------------------------------------------- identity
     def key(self) -> str:
         return f"{type(self).__name__}_{self._config.key()}"

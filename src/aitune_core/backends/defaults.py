@@ -34,9 +34,12 @@ def tensorrt_available() -> bool:
         return False
 
 
-def default_backends(device: torch.device | str | None = None, precision: str | None = None) -> list[Backend]:
+def default_backends(
+    device: torch.device | str | None = None, precision: str | None = None, *, fullgraph: bool = False
+) -> list[Backend]:
     """The default candidates for `device` (CPU when None), in the order they are tried; see the module
-    docstring. `precision` is None, "bf16" or "fp16"."""
+    docstring. `precision` is None, "bf16" or "fp16". With `fullgraph`, the Inductor candidates compile the
+    module as one graph or fail (a graph break fails the build instead of compiling the pieces)."""
     from aitune_core.backends.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
 
     if precision is not None and precision not in PRECISION_DTYPES:
@@ -51,10 +54,11 @@ def default_backends(device: torch.device | str | None = None, precision: str | 
     if precision is not None:
         dtype = PRECISION_DTYPES[precision]
         backends += [
-            TorchInductorBackend(TorchInductorBackendConfig(mode=mode, autocast_enabled=True, autocast_dtype=dtype))
+            TorchInductorBackend(TorchInductorBackendConfig(mode=mode, fullgraph=fullgraph, autocast_enabled=True,
+                                                            autocast_dtype=dtype))
             for mode in modes
         ]
-    backends += [TorchInductorBackend(TorchInductorBackendConfig(mode=mode)) for mode in modes]
+    backends += [TorchInductorBackend(TorchInductorBackendConfig(mode=mode, fullgraph=fullgraph)) for mode in modes]
     return backends
 
 

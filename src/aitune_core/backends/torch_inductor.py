@@ -232,6 +232,10 @@ class TorchInductorBackend(Backend):
     def config(self) -> TorchInductorBackendConfig:
         return self._config  # type: ignore[return-value]
 
+    @property
+    def traces_whole_graph(self) -> bool:
+        return bool(self.config.fullgraph)
+
     def tolerance(self, dtype: torch.dtype) -> Any:
         """With autocast, floating outputs are computed in the autocast dtype: validate with its tolerance."""
         from aitune_core.validation.tolerance import default_tolerance

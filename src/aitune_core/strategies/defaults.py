@@ -76,10 +76,12 @@ def default_strategy(
     min_eager_latency_us: float | None = None,
     cuda_early_stop: float | None = None,
     skip_single_layer: bool = True,
+    fullgraph: bool = False,
 ) -> TuneStrategy:
     """The default strategy for `device` (CPU when None); see the module docstring. None for `min_speedup` /
-    `min_eager_latency_us` means the device type's default, for `cuda_early_stop` `CUDA_EARLY_STOP_SPEEDUP`."""
-    backends = default_backends(device, precision)
+    `min_eager_latency_us` means the device type's default, for `cuda_early_stop` `CUDA_EARLY_STOP_SPEEDUP`;
+    `fullgraph` goes to `default_backends`."""
+    backends = default_backends(device, precision, fullgraph=fullgraph)
     if not measure:
         from aitune_core.strategies.first_wins import FirstWinsStrategy
 

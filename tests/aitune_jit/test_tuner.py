@@ -1,0 +1,110 @@
+"""`aitune_jit.tuner`: where the graph-break check runs - inside the first compile when every candidate traces
+the module as one graph, before tuning otherwise."""
+
+from __future__ import annotations
+
+import torch
+from jit_helpers import (
+    CountingBackend,
+    DynamicModule,
+    WholeGraphBackend,
+    WholeGraphWrongValuesBackend,
+    make_mlp,
+    run,
+    states,
+)
+
+from aitune_core.backends import defaults as backend_defaults
+from aitune_jit import tuner
+from aitune_jit.config import jit_config
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.state import NodeState
+from aitune_jit.switch import enable
+
+
+def _setup(*backends: object) -> None:
+    jit_config.backends = list(backends)
+    jit_config.min_parameters = 0
+    jit_config.detect_graph_breaks = True
+
+
+def _history(prefix: str) -> list[str]:
+    return [h for h in PatchedModule.history if h.startswith(prefix)]
+
+
+def test_a_whole_graph_build_is_the_check():
+    _setup(WholeGraphBackend())
+    model = make_mlp()
+    reference = run(make_mlp(), [2, 3, 4])
+    enable()
+    outputs = run(model, [2, 3, 4])
+    for out, ref in zip(outputs, reference):
+        torch.testing.assert_close(out, ref)
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    assert _history("No graph breaks in MLP 📊2.4K: its compile traced graph 0 as one graph")
+    assert not [h for h in PatchedModule.history if "Checking took" in h]  # no separate dynamo trace
+    assert CountingBackend.builds == 1
+
+
+def test_a_graph_break_fails_the_build_and_is_explained_once():
+    _setup(WholeGraphBackend())
+    model = DynamicModule().eval()
+    positive, negative = torch.ones(2, 10), -torch.ones(2, 10)
+    with torch.no_grad():
+        expected = [model.child_a(positive), model.child_b(negative)]
+    enable()
+    with torch.no_grad():
+        for _ in range(4):
+            outputs = [model(positive), model(negative)]
+    for out, ref in zip(outputs, expected):
+        torch.testing.assert_close(out, ref)
+    root = PatchedModule.of(model)
+    assert root.state is NodeState.EAGER and root.reason.startswith("graph break")
+    assert states(model) == {"DynamicModule": "eager", "DynamicModule.child_a": "tuned",
+                             "DynamicModule.child_b": "tuned"}
+    breaks = _history("Graph breaks in DynamicModule")
+    assert len(breaks) == 1 and "if x.sum() > 0:" in breaks[0]
+    assert CountingBackend.builds == 3  # the root's failed build, then child_a and child_b
+
+
+def test_a_build_that_fails_later_is_not_explained():
+    """The candidate traced the module as one graph and then failed validation: no break to look for."""
+    _setup(WholeGraphWrongValuesBackend())
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    root = PatchedModule.of(model)
+    assert root.state is NodeState.EAGER and "graph break" not in (root.reason or "")
+    assert not [h for h in PatchedModule.history if "Checking took" in h]
+    assert _history("No graph breaks in MLP 📊2.4K: its compile traced graph 0 as one graph")
+
+
+def test_other_candidates_keep_the_check_before_tuning():
+    _setup(WholeGraphBackend(), CountingBackend())
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    assert PatchedModule.of(model).state is NodeState.TUNED
+    assert _history("No graph breaks in MLP 📊2.4K. Checking took ")
+
+
+def test_compile_finds_breaks_needs_every_candidate():
+    class Strategy:
+        def __init__(self, backends: list) -> None:
+            self.backends = backends
+
+    assert tuner._compile_finds_breaks(Strategy([WholeGraphBackend(), WholeGraphBackend()]))
+    assert not tuner._compile_finds_breaks(Strategy([WholeGraphBackend(), CountingBackend()]))
+    assert not tuner._compile_finds_breaks(Strategy([]))
+    assert not tuner._compile_finds_breaks(object())  # a custom strategy without `backends`
+
+
+def test_the_default_strategy_compiles_whole_graphs_while_breaks_are_detected(monkeypatch):
+    monkeypatch.setattr(backend_defaults, "tensorrt_available", lambda: False)
+    jit_config.detect_graph_breaks = True
+    strategy = jit_config.resolve_strategy(torch.device("cpu"))
+    assert strategy.backends and all(b.traces_whole_graph for b in strategy.backends)
+    assert tuner._compile_finds_breaks(strategy)
+    jit_config.detect_graph_breaks = False
+    strategy = jit_config.resolve_strategy(torch.device("cpu"))
+    assert not any(b.traces_whole_graph for b in strategy.backends)
