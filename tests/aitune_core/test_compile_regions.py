@@ -4,7 +4,7 @@ import inspect
 
 import torch
 
-from aitune_core.backends.compile_regions import CompileRegions, repeated_groups
+from aitune_core.backends.compile_regions import MIN_REPEATS, CompileRegions, repeated_groups
 
 
 class Block(torch.nn.Module):
@@ -18,12 +18,13 @@ class Block(torch.nn.Module):
 
 
 class Stack(torch.nn.Module):
-    def __init__(self, depth: int = 4) -> None:
+    def __init__(self, depth: int = MIN_REPEATS + 1) -> None:
         super().__init__()
         self.embed = Block(16)
         self.layers = torch.nn.ModuleList(Block(16) for _ in range(depth))
         self.odd = Block(16)
-        self.heads = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))  # single layers: never grouped
+        # single layers: never grouped
+        self.heads = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(MIN_REPEATS + 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -34,10 +35,10 @@ class Stack(torch.nn.Module):
 def test_identical_siblings_form_a_group_single_layers_and_pairs_do_not():
     model = Stack()
     groups = repeated_groups(model)
-    assert [len(g) for g in groups] == [4] and groups[0][0] is model.layers[0]
-    assert repeated_groups(Stack(depth=2)) == []  # below MIN_REPEATS
+    assert [len(g) for g in groups] == [MIN_REPEATS + 1] and groups[0][0] is model.layers[0]
+    assert repeated_groups(Stack(depth=MIN_REPEATS - 1)) == []  # below MIN_REPEATS
     model.layers[1].fc = torch.nn.Linear(16, 16, bias=False)  # different parameters: not identical any more
-    assert [len(g) for g in repeated_groups(model)] == [3]
+    assert [len(g) for g in repeated_groups(model)] == [MIN_REPEATS]
 
 
 def test_the_mark_keeps_eager_results_and_comes_off_symmetrically():
@@ -47,7 +48,7 @@ def test_the_mark_keeps_eager_results_and_comes_off_symmetrically():
     original = Block.__dict__["forward"]
     first = CompileRegions.install(model)
     second = CompileRegions.install(model)  # a second candidate of the same tuning run shares the mark
-    assert first.blocks == second.blocks == 4 and first.groups == 1
+    assert first.blocks == second.blocks == MIN_REPEATS + 1 and first.groups == 1
     assert Block.forward is not original and getattr(Block.forward, "__aitune_region__", False)
     assert inspect.signature(model.layers[0].forward) == inspect.signature(original.__get__(model.layers[0]))
     torch.testing.assert_close(model(x), expected)
@@ -62,7 +63,7 @@ def test_an_inherited_forward_is_restored_by_removing_the_mark():
     class Derived(Block):
         pass
 
-    model = torch.nn.Sequential(*(Derived() for _ in range(3)))
+    model = torch.nn.Sequential(*(Derived() for _ in range(MIN_REPEATS)))
     regions = CompileRegions.install(model)
     assert "forward" in Derived.__dict__
     regions.remove()
@@ -75,13 +76,13 @@ def test_eager_calls_run_the_class_forward_even_while_another_thread_exports(mon
     expected = model(x)
     monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)  # torch's flag is process-wide
     with CompileRegions.marked(model) as regions:
-        assert regions.blocks == 4
+        assert regions.blocks == MIN_REPEATS + 1
         torch.testing.assert_close(model(x), expected)
     assert not hasattr(Block.forward, "__aitune_region__")
 
 
 def test_a_scripted_block_class_is_never_marked():
-    model = torch.nn.Sequential(*(torch.jit.script(Block()) for _ in range(3)))
+    model = torch.nn.Sequential(*(torch.jit.script(Block()) for _ in range(MIN_REPEATS)))
     with CompileRegions.marked(model) as regions:
         assert regions.blocks == 0
 
@@ -106,7 +107,7 @@ def test_a_class_its_authors_marked_is_left_alone():
 
     Marked.forward = torch.compiler.nested_compile_region(Block.forward)
     authors = Marked.__dict__["forward"]
-    regions = CompileRegions.install(torch.nn.Sequential(*(Marked() for _ in range(3))))
+    regions = CompileRegions.install(torch.nn.Sequential(*(Marked() for _ in range(MIN_REPEATS))))
     assert regions.blocks == 0 and Marked.__dict__["forward"] is authors
     regions.remove()
     assert Marked.__dict__["forward"] is authors
@@ -116,7 +117,7 @@ def test_a_forward_replaced_after_the_mark_came_off_is_the_one_marked_next_time(
     class Fresh(Block):
         pass
 
-    model = torch.nn.Sequential(*(Fresh() for _ in range(3)))
+    model = torch.nn.Sequential(*(Fresh() for _ in range(MIN_REPEATS)))
     with CompileRegions.marked(model):
         pass
 

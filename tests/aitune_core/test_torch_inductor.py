@@ -330,7 +330,7 @@ def test_repeated_blocks_are_marked_while_the_backend_is_active(tmp_path, monkey
 
     from aitune_core.backends import compile_regions
 
-    model = torch.nn.Sequential(*(_Layer() for _ in range(4))).eval()
+    model = torch.nn.Sequential(*(_Layer() for _ in range(compile_regions.MIN_REPEATS))).eval()
     original = _Layer.__dict__["forward"]
     spec, data = record(model)
     seen = []
@@ -345,7 +345,7 @@ def test_repeated_blocks_are_marked_while_the_backend_is_active(tmp_path, monkey
     backend.build(model, spec, data, torch.device("cpu"), tmp_path)
     marked = _Layer.__dict__["forward"]
     assert seen == [True] and marked is not original  # held while the compiled graph serves
-    assert backend.regions_summary == "4 _Layer blocks in 1 group"  # what the JIT's history says
+    assert backend.regions_summary == f"{compile_regions.MIN_REPEATS} _Layer blocks in 1 group"  # for the history
     x = torch.randn(3, 8)
     with torch.no_grad():
         torch.testing.assert_close(backend.infer(x), model(x))
@@ -363,7 +363,9 @@ def test_repeated_blocks_are_marked_while_the_backend_is_active(tmp_path, monkey
 
 
 def test_a_compile_that_fails_with_regions_is_retried_without_and_remembers_it(tmp_path, monkeypatch):
-    model = torch.nn.Sequential(*(_Layer() for _ in range(4))).eval()
+    from aitune_core.backends.compile_regions import MIN_REPEATS
+
+    model = torch.nn.Sequential(*(_Layer() for _ in range(MIN_REPEATS))).eval()
     spec, data = record(model)
     warm_up = TorchInductorBackend._warm_up
     calls = []

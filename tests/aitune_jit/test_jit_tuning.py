@@ -18,6 +18,7 @@ from jit_helpers import (
     states,
 )
 
+from aitune_core.backends.compile_regions import MIN_REPEATS
 from aitune_core.backends.torch_eager import TorchEagerBackend
 from aitune_jit import summary
 from aitune_jit.config import jit_config
@@ -390,7 +391,7 @@ class _Repeated(torch.nn.Module):
 class _Stack(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.layers = torch.nn.ModuleList(_Repeated() for _ in range(3))
+        self.layers = torch.nn.ModuleList(_Repeated() for _ in range(MIN_REPEATS))
 
     def forward(self, x):
         for layer in self.layers:
@@ -418,8 +419,8 @@ def test_switching_the_jit_off_gives_a_marked_block_class_back(tmp_path):
             model(torch.randn(4, 8))
     assert PatchedModule.of(model).state is NodeState.TUNED, PatchedModule.history
     assert getattr(_Repeated.forward, "__aitune_region__", False)
-    assert any("identical blocks compiled once per class as nested compile regions (3 _Repeated blocks in 1 group)"
-               in line for line in PatchedModule.history), PatchedModule.history
+    assert any(f"identical blocks compiled once per class as nested compile regions ({MIN_REPEATS} _Repeated blocks "
+               "in 1 group)" in line for line in PatchedModule.history), PatchedModule.history
     disable()
     gc.collect()
     assert _Repeated.__dict__["forward"] is original
