@@ -196,20 +196,24 @@ def _backend_class(decision: Decision) -> type[Backend]:
 def rebuild(
     decision: Decision, proxy: torch.nn.Module, spec: GraphSpec, samples: list[Sample], device: torch.device,
     cache_dir: Path,
-) -> Backend:
-    """Build the decided backend for this node and validate it on this node's own samples (raises on failure)."""
+) -> tuple[Backend, float]:
+    """Build the decided backend for this node and validate it on this node's own samples (raises on failure);
+    returns it and the seconds its build took (the rest of a warm start is validation: the history says which
+    part a slow warm start spent its time in)."""
     from aitune_core.validation.validator import validate_backend
 
     cls = _backend_class(decision)
     backend = cls(cls.config_class.from_dict(dict(decision.backend_config or {})))
+    start = time.perf_counter()
     backend.build(proxy, spec, samples, device, cache_dir / backend.key())
+    built_s = time.perf_counter() - start
     try:
         validate_backend(backend, spec, samples)
     except BaseException:
         if backend.is_active:
             backend.deactivate()
         raise
-    return backend
+    return backend, built_s
 
 
 def reuse(
@@ -239,14 +243,14 @@ def reuse(
             continue
         start = time.perf_counter()
         try:
-            backend = rebuild(decision, proxy, spec, samples[spec.name], device, cache_dir)
+            backend, built_s = rebuild(decision, proxy, spec, samples[spec.name], device, cache_dir)
         except Exception as exc:
             registry.log(f"{node.short} graph {spec.name}: the decision of {where} ({decision.describe()}) does "
                          f"not hold here ({type(exc).__name__}: {exc}); tuning it normally")
             continue
         measured = f", measured {decision.speedup:.2f}x there" if decision.speedup is not None else ""
         registry.log(f"{node.short} graph {spec.name}: reused the decision of {where}: {backend.describe()}"
-                     f"{measured}; built and validated in {time.perf_counter() - start:.2f}s")
+                     f"{measured}; built and validated in {time.perf_counter() - start:.2f}s (build {built_s:.2f}s)")
         draft.entries.append((spec, backend))
         draft.reports.append(TuneReport(backend=backend, strategy="reused decision"))
         graphs.remove(spec)
