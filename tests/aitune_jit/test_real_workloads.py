@@ -111,7 +111,8 @@ def test_decoder_generate_identical(workload, tmp_path):
     assert re.search(r"changes its argument `\w+` \(DynamicCache\); its calls are recorded on copies", history), (
         history[-3000:])
     root = "GPT2LMHeadModel" if workload == "gpt2" else "LlamaForCausalLM"
-    assert re.search(rf"Tuning {root} \S+ took [\d.]+s: TorchInductorBackend\(fullgraph=True\) for graph", history), history[-3000:]
+    tuned = rf"Tuning {root} \S+ took [\d.]+s: TorchInductorBackend\(fullgraph=True\) for graph"
+    assert re.search(tuned, history), history[-3000:]
 
 
 @pytest.mark.slow
