@@ -34,6 +34,7 @@ import collections
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -142,9 +143,8 @@ class TuningWorker:
         deadline = time.monotonic() + wait_s
         if current is not None:
             _cancel(current)
-        self.wait(wait_s)
-        if current is not None and current.thread is not None:
-            current.thread.join(max(0.0, deadline - time.monotonic()))
+            _join_cancelled(current, deadline)
+        self.wait(max(0.0, deadline - time.monotonic()))
         return ([current.path] if current is not None else []) + left
 
     # ---------------------------------------------------------------------------------------- loop
@@ -272,12 +272,59 @@ def _cancel(job: _Job) -> None:
     thread = job.thread
     if thread is None or thread.ident is None or not thread.is_alive():
         return
+    _catch_unraisable_cancels()
+    if not _raise_cancel(thread.ident):
+        _logger.debug("could not cancel the tuning job of %s", job.path)
+
+
+#: while waiting for a cancelled job's thread, the cancel is sent again this often (seconds)
+CANCEL_RESEND_S = 0.2
+
+
+def _join_cancelled(job: _Job, deadline: float) -> None:
+    """Wait until `deadline` for a cancelled job's thread to end, sending the cancel again while it runs on: a
+    cancel that landed where Python cannot propagate it (`_catch_unraisable_cancels`) was dropped there."""
+    thread = job.thread
+    while thread is not None and thread.is_alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        thread.join(min(CANCEL_RESEND_S, left))
+        if thread.is_alive() and thread.ident is not None:
+            _raise_cancel(thread.ident)
+
+
+def _raise_cancel(ident: int) -> bool:
     try:
         import ctypes
 
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(TuningCancelled))
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(TuningCancelled))
     except Exception:  # no ctypes: the bounded wait is all there is
-        _logger.debug("could not cancel the tuning job of %s", job.path, exc_info=True)
+        return False
+    return True
+
+
+_previous_unraisablehook: Callable[[Any], Any] | None = None
+
+
+def _catch_unraisable_cancels() -> None:
+    """The cancel lands at whatever Python instruction the job thread runs next - sometimes a weakref callback or
+    a `__del__` (importlib's module-lock callback, seen on this project's CPU), where Python cannot propagate it:
+    it would print "Exception ignored in ..." and a traceback on the program's stderr. `sys.unraisablehook` drops
+    such a cancel quietly (installed by every cancel unless it is in place; other unraisable exceptions go to the
+    hook that was there), and the thread waiting for the job sends it again (`_join_cancelled`)."""
+    global _previous_unraisablehook
+    if sys.unraisablehook is not _unraisable_cancel:  # (again if someone replaced it since)
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _unraisable_cancel
+
+
+def _unraisable_cancel(unraisable: Any) -> None:
+    if unraisable.exc_type is TuningCancelled:
+        _logger.debug("a cancelled tuning job's TuningCancelled landed in %r; it is sent again", unraisable.object)
+        return
+    previous = _previous_unraisablehook or sys.__unraisablehook__
+    previous(unraisable)
 
 
 def sync_stream() -> None:
@@ -366,8 +413,7 @@ def _at_exit() -> None:
             if path not in _unfinished:
                 _unfinished.append(path)
     for job in list(_live_jobs):
-        if job.thread is not None:
-            job.thread.join(max(0.0, deadline - time.monotonic()))
+        _join_cancelled(job, deadline)
 
 
 def _after_fork_in_child() -> None:

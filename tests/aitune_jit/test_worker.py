@@ -163,6 +163,69 @@ def test_at_exit_a_running_job_is_cancelled_and_its_thread_ends_before_the_inter
     assert seen == ["running", "cancelled"] and job.abandoned
 
 
+def test_a_cancel_that_lands_in_a_weakref_callback_is_quiet_and_still_ends_the_job(background, capfd):
+    """The cancel is raised at the job thread's next Python instruction; inside a weakref callback Python cannot
+    propagate it ("Exception ignored in ..." and a traceback on stderr). It is dropped quietly there and sent
+    again, so the job still ends."""
+    import weakref
+
+    class Target:
+        pass
+
+    seen = []
+
+    def callback(_ref):
+        if "callback" in seen:  # only the first one holds the thread
+            return
+        seen.append("callback")
+        try:
+            while True:  # the cancel arrives while this callback runs
+                sum(range(100))
+        except worker.TuningCancelled:
+            seen.append("in callback")
+            raise
+
+    def job_body(node):
+        seen.append("running")
+        try:
+            while True:
+                target = Target()
+                ref = weakref.ref(target, callback)
+                del target  # the callback runs here, in the job thread
+                assert ref() is None
+        except worker.TuningCancelled:
+            seen.append("cancelled")
+            raise
+
+    tuning = worker.TuningWorker(job_body)
+    model = make_mlp()
+    enable()
+    run(model, [2])
+    tuning.submit(PatchedModule.of(model))
+    deadline = time.monotonic() + 30
+    while "callback" not in seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    job = tuning._current
+    assert tuning.stop(wait_s=5.0) == ["MLP"]
+    assert not job.thread.is_alive()
+    assert seen == ["running", "callback", "in callback", "cancelled"]
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_other_unraisable_exceptions_reach_the_previous_hook(monkeypatch):
+    seen = []
+    monkeypatch.setattr(worker, "_previous_unraisablehook", seen.append)
+
+    class Unraisable:
+        def __init__(self, exc_type):
+            self.exc_type, self.object = exc_type, None
+
+    worker._unraisable_cancel(Unraisable(worker.TuningCancelled))  # ours: dropped
+    other = Unraisable(ValueError)
+    worker._unraisable_cancel(other)
+    assert seen == [other]
+
+
 def test_at_exit_an_abandoned_job_still_running_is_cancelled_too(background):
     """A timed-out job's thread keeps running after its node went eager; at exit it is cancelled like the current
     one, so no thread is left inside torch when the interpreter finalizes."""
