@@ -132,6 +132,18 @@ class DynamicModule(torch.nn.Module):
             return self.child_b(x)
 
 
+def serve_both_branches(model: DynamicModule, rounds: int = 4) -> None:
+    """Call `model` with inputs that take each branch, `rounds` times, and check every output against the branch's
+    child run eagerly."""
+    positive, negative = torch.ones(2, 10), -torch.ones(2, 10)
+    with torch.no_grad():
+        expected = [model.child_a(positive), model.child_b(negative)]
+        for _ in range(rounds):
+            outputs = [model(positive), model(negative)]
+            for out, ref in zip(outputs, expected):
+                torch.testing.assert_close(out, ref)
+
+
 def make_mlp(seed: int = 0, **kwargs: Any) -> MLP:
     torch.manual_seed(seed)
     return MLP(**kwargs).eval()

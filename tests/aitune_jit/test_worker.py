@@ -134,6 +134,20 @@ def test_a_tuned_module_still_tuning_more_shapes_at_exit_is_not_reported_as_eage
         worker._unfinished.clear()
 
 
+def _start_job(body, started) -> tuple:
+    """A worker running `body` as the job of an MLP's node, once `started()` is true (at most 30 s: the job may
+    first start Inductor's compile process); returns the worker and its job."""
+    tuning = worker.TuningWorker(body)
+    model = make_mlp()
+    enable()
+    run(model, [2])
+    tuning.submit(PatchedModule.of(model))
+    deadline = time.monotonic() + 30
+    while not started() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return tuning, tuning._current
+
+
 def test_at_exit_a_running_job_is_cancelled_and_its_thread_ends_before_the_interpreter_finalizes(background):
     """A daemon thread still inside torch's C++ code when the interpreter finalizes aborts the process; `stop`
     raises `TuningCancelled` in the job thread, which leaves its Python loop at once."""
@@ -148,15 +162,7 @@ def test_at_exit_a_running_job_is_cancelled_and_its_thread_ends_before_the_inter
             seen.append("cancelled")
             raise
 
-    tuning = worker.TuningWorker(compile_forever)
-    model = make_mlp()
-    enable()
-    run(model, [2])
-    tuning.submit(PatchedModule.of(model))
-    deadline = time.monotonic() + 30  # the job first starts Inductor's compile process
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.01)
-    job = tuning._current
+    tuning, job = _start_job(compile_forever, lambda: seen)
     started = time.monotonic()
     assert tuning.stop(wait_s=5.0) == ["MLP"]
     assert time.monotonic() - started < 2.0 and not job.thread.is_alive()
@@ -197,15 +203,7 @@ def test_a_cancel_that_lands_in_a_weakref_callback_is_quiet_and_still_ends_the_j
             seen.append("cancelled")
             raise
 
-    tuning = worker.TuningWorker(job_body)
-    model = make_mlp()
-    enable()
-    run(model, [2])
-    tuning.submit(PatchedModule.of(model))
-    deadline = time.monotonic() + 30
-    while "callback" not in seen and time.monotonic() < deadline:
-        time.sleep(0.01)
-    job = tuning._current
+    tuning, job = _start_job(job_body, lambda: "callback" in seen)
     assert tuning.stop(wait_s=5.0) == ["MLP"]
     assert not job.thread.is_alive()
     assert seen == ["running", "callback", "in callback", "cancelled"]
