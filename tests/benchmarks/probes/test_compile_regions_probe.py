@@ -1,4 +1,5 @@
-"""benchmarks/probes/compile_regions.py: the summary's cold, warm and steady medians and their ratios."""
+"""benchmarks/probes/compile_regions.py (named apart from tests/aitune_core/test_compile_regions.py): the
+summary's cold, warm and steady medians and their ratios."""
 
 from __future__ import annotations
 
