@@ -132,12 +132,17 @@ class DynamicModule(torch.nn.Module):
             return self.child_b(x)
 
 
-def serve_both_branches(model: DynamicModule, rounds: int = 4) -> None:
-    """Call `model` with inputs that take each branch, `rounds` times, and check every output against the branch's
-    child run eagerly."""
+def enable_and_serve_both_branches(model: DynamicModule, rounds: int = 4) -> None:
+    """Switch JIT tuning on, call `model` with inputs that take each branch, `rounds` times, and check every output
+    against the branch's child, run eagerly before the switch (a child called alone with the JIT on would become
+    a root of its own)."""
+    from aitune_jit.switch import enable
+
     positive, negative = torch.ones(2, 10), -torch.ones(2, 10)
     with torch.no_grad():
         expected = [model.child_a(positive), model.child_b(negative)]
+    enable()
+    with torch.no_grad():
         for _ in range(rounds):
             outputs = [model(positive), model(negative)]
             for out, ref in zip(outputs, expected):

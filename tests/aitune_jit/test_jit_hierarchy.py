@@ -6,7 +6,7 @@ import re
 
 import pytest
 import torch
-from jit_helpers import CountingBackend, DynamicModule, make_mlp, run, serve_both_branches, states
+from jit_helpers import CountingBackend, DynamicModule, enable_and_serve_both_branches, make_mlp, run, states
 
 from aitune_jit.config import jit_config
 from aitune_jit.node_registry import registry
@@ -66,8 +66,7 @@ def test_graph_break_makes_the_root_eager_and_its_children_tuned():
     jit_config.detect_graph_breaks = True
     torch.manual_seed(0)
     model = DynamicModule().eval()
-    enable()
-    serve_both_branches(model)
+    enable_and_serve_both_branches(model)
     root = PatchedModule.of(model)
     assert root.state is NodeState.EAGER
     assert root.reason.startswith("graph break")

@@ -9,9 +9,9 @@ from jit_helpers import (
     DynamicModule,
     WholeGraphBackend,
     WholeGraphWrongValuesBackend,
+    enable_and_serve_both_branches,
     make_mlp,
     run,
-    serve_both_branches,
     states,
 )
 
@@ -50,8 +50,7 @@ def test_a_whole_graph_build_is_the_check():
 def test_a_graph_break_fails_the_build_and_is_explained_once():
     _setup(WholeGraphBackend())
     model = DynamicModule().eval()
-    enable()
-    serve_both_branches(model)
+    enable_and_serve_both_branches(model)
     root = PatchedModule.of(model)
     assert root.state is NodeState.EAGER and root.reason.startswith("graph break")
     assert states(model) == {"DynamicModule": "eager", "DynamicModule.child_a": "tuned",
