@@ -163,6 +163,19 @@ def run(model: torch.nn.Module, batch_sizes: list[int], width: int = 32, seed: i
     return outputs
 
 
+def enable_and_run_mlp(batch_sizes: list[int]) -> MLP:
+    """Switch JIT tuning on, run a fresh `make_mlp()` at `batch_sizes` and check its outputs against an identical
+    MLP run before the switch; returns the model (its node tells what tuning did)."""
+    from aitune_jit.switch import enable
+
+    model = make_mlp()
+    reference = run(make_mlp(), batch_sizes)
+    enable()
+    for out, ref in zip(run(model, batch_sizes), reference):
+        torch.testing.assert_close(out, ref)
+    return model
+
+
 def states(model: torch.nn.Module) -> dict[str, str]:
     """path -> state value of every node under (and including) `model`'s node."""
     from aitune_jit.patched_module import PatchedModule

@@ -9,6 +9,7 @@ from jit_helpers import (
     DynamicModule,
     WholeGraphBackend,
     WholeGraphWrongValuesBackend,
+    enable_and_run_mlp,
     enable_and_serve_both_branches,
     make_mlp,
     run,
@@ -35,12 +36,7 @@ def _history(prefix: str) -> list[str]:
 
 def test_a_whole_graph_build_is_the_check():
     _setup(WholeGraphBackend())
-    model = make_mlp()
-    reference = run(make_mlp(), [2, 3, 4])
-    enable()
-    outputs = run(model, [2, 3, 4])
-    for out, ref in zip(outputs, reference):
-        torch.testing.assert_close(out, ref)
+    model = enable_and_run_mlp([2, 3, 4])
     assert PatchedModule.of(model).state is NodeState.TUNED
     assert _history("No graph breaks in MLP 📊2.4K: its compile traced graph 0 as one graph")
     assert not [h for h in PatchedModule.history if "Checking took" in h]  # no separate dynamo trace
