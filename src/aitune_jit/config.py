@@ -77,6 +77,7 @@ from aitune_core.device_check import unavailable
 from aitune_core.errors import ConfigError
 from aitune_core.log import warn_visibly
 from aitune_core.strategies.defaults import CUDA_EARLY_STOP_SPEEDUP
+from aitune_jit.env_text import env_backends, env_bool, env_int, env_list, env_optional, env_optional_float
 
 if TYPE_CHECKING:
     from aitune_core.strategies.strategy import TuneStrategy
@@ -230,76 +231,30 @@ def default_cache_dir() -> Path:
     return Path(config.cache_dir) / "jit"
 
 
-# ----------------------------------------------------------------------------------------------- env parsing
-def _env_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"expected a boolean (1/0, true/false), got {text!r}")
-
-
-def _env_int(text: str) -> int:
-    try:
-        return int(text.strip())
-    except ValueError as exc:
-        raise ConfigError(f"expected an integer, got {text!r}") from exc
-
-
-def _env_optional_float(text: str) -> float | None:
-    if text.strip().lower() in ("", "none"):
-        return None
-    try:
-        return float(text.strip())
-    except ValueError as exc:
-        raise ConfigError(f"expected a number, got {text!r}") from exc
-
-
-def _env_list(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def _env_backends(text: str) -> list[Backend]:
-    from aitune_core.backends.registry import backend_class
-
-    backends = []
-    for name in _env_list(text):
-        try:
-            backends.append(backend_class(name)())
-        except KeyError as exc:
-            raise ConfigError(str(exc.args[0]) if exc.args else str(exc)) from exc
-    return backends
-
-
-def _env_optional(text: str) -> str | None:
-    return None if text.strip().lower() in ("", "none") else text.strip()
-
-
 # name -> (validator, default factory, parser of the environment variable's text or None)
 _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable[[str], Any] | None]] = {
-    "min_samples": (_min_samples, lambda: 2, _env_int),
-    "batch_axis_required": (_bool, lambda: False, _env_bool),
-    "max_depth_level": (_non_negative_int, lambda: 2, _env_int),
-    "min_parameters": (_non_negative_int, lambda: 1000, _env_int),
-    "detect_graph_breaks": (_bool, lambda: True, _env_bool),
-    "skip_modules": (_skip_modules, list, _env_list),
-    "device": (validate_device, lambda: None, _env_optional),
-    "dry_run": (_bool, lambda: False, _env_bool),
-    "backends": (_backends, lambda: None, _env_backends),
+    "min_samples": (_min_samples, lambda: 2, env_int),
+    "batch_axis_required": (_bool, lambda: False, env_bool),
+    "max_depth_level": (_non_negative_int, lambda: 2, env_int),
+    "min_parameters": (_non_negative_int, lambda: 1000, env_int),
+    "detect_graph_breaks": (_bool, lambda: True, env_bool),
+    "skip_modules": (_skip_modules, list, env_list),
+    "device": (validate_device, lambda: None, env_optional),
+    "dry_run": (_bool, lambda: False, env_bool),
+    "backends": (_backends, lambda: None, env_backends),
     "strategy": (_strategy, lambda: None, None),
     "cache_dir": (_path, default_cache_dir, str),
-    "precision": (_precision, lambda: None, _env_optional),
-    "min_speedup": (_min_speedup, lambda: None, _env_optional_float),
-    "min_eager_latency_us": (_optional_number, lambda: None, _env_optional_float),
-    "skip_single_layer": (_bool, lambda: True, _env_bool),
-    "reuse_decisions": (_bool, lambda: True, _env_bool),
-    "blocking": (_bool, lambda: False, _env_bool),
-    "tuning_timeout_s": (lambda name, value: _optional_number(name, value, 0.001), lambda: 600.0, _env_optional_float),
-    "retune_after_misses": (_non_negative_int, lambda: 8, _env_int),
-    "tuning_budget_s": (_optional_number, lambda: None, _env_optional_float),
-    "range_headroom": (_bool, lambda: True, _env_bool),
-    "stateful_calls": (_bool, lambda: True, _env_bool),
+    "precision": (_precision, lambda: None, env_optional),
+    "min_speedup": (_min_speedup, lambda: None, env_optional_float),
+    "min_eager_latency_us": (_optional_number, lambda: None, env_optional_float),
+    "skip_single_layer": (_bool, lambda: True, env_bool),
+    "reuse_decisions": (_bool, lambda: True, env_bool),
+    "blocking": (_bool, lambda: False, env_bool),
+    "tuning_timeout_s": (lambda name, value: _optional_number(name, value, 0.001), lambda: 600.0, env_optional_float),
+    "retune_after_misses": (_non_negative_int, lambda: 8, env_int),
+    "tuning_budget_s": (_optional_number, lambda: None, env_optional_float),
+    "range_headroom": (_bool, lambda: True, env_bool),
+    "stateful_calls": (_bool, lambda: True, env_bool),
 }
 
 
