@@ -146,11 +146,8 @@ class TorchInductorBackendConfig(BackendConfig):
 _Mark = tuple[int, int, int, int]
 
 
-#: Dynamo keeps at most `recompile_limit` (default 8) compiled entries per code object - counting every
-#: `torch.compile` wrapper of the same forward - and silently runs eager beyond it. Several Inductor configs x
-#: graphs x specialized batch-1 graphs of one module can reach that, so compiles made by this backend (warm-up
-#: and the first call after activation) run with the limit raised to at least this value. The global setting
-#: is restored afterwards.
+#: the recompile limit this backend's compiles run under (module docstring, "Recompile limit"): configs x graphs x
+#: specialized batch-1 graphs of one module can pass dynamo's default of 8, beyond which it silently runs eager
 RECOMPILE_LIMIT = 64
 
 
@@ -167,15 +164,19 @@ def _raised_recompile_limit() -> Any:
 _REGION_ERROR_WORDS = ("invoke_subgraph", "compile_region", "HigherOrderOp", "reuse entries", "InvokeSubgraph")
 
 
-def _region_failure(exc: BaseException) -> bool:
+def _in_chain(exc: BaseException | None, test: Any) -> bool:
+    """True when `test` holds for `exc` or an exception it was raised from (torch wraps its errors)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        text = f"{type(exc).__name__}: {exc}"
-        if any(word in text for word in _REGION_ERROR_WORDS):
+        if test(exc):
             return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        exc = exc.__cause__ or exc.__context__
     return False
+
+
+def _region_failure(exc: BaseException) -> bool:
+    return _in_chain(exc, lambda e: any(word in f"{type(e).__name__}: {e}" for word in _REGION_ERROR_WORDS))
 
 
 def _varying_sequence_axis(graph_spec: GraphSpec) -> str | None:
@@ -192,13 +193,7 @@ def _varying_sequence_axis(graph_spec: GraphSpec) -> str | None:
 
 
 def _constraint_violation(exc: BaseException) -> bool:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if type(exc).__name__ == "ConstraintViolationError":
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return False
+    return _in_chain(exc, lambda e: type(e).__name__ == "ConstraintViolationError")
 
 
 class TorchInductorBackend(Backend):
