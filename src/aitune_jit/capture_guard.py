@@ -43,7 +43,13 @@ def _others(table: dict[int, int], me: int) -> bool:
 
 def capturing_here() -> bool:
     """True while this thread captures a CUDA graph (a paused capture would make every device sync wait)."""
-    return bool(_captures.get(threading.get_ident()))
+    return capturing_in(threading.get_ident())
+
+
+def capturing_in(ident: int) -> bool:
+    """True while thread `ident` captures a CUDA graph: an exception raised into it now would end the capture
+    half-way (the exit cancel waits for the capture to end: `aitune_jit.worker`)."""
+    return bool(_captures.get(ident))
 
 
 def _enter(table: dict[int, int], other: dict[int, int], what: str) -> int:

@@ -19,9 +19,10 @@ node, never half of it.
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
   short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
   interpreter exit the running job is cancelled (`TuningCancelled`, raised in its thread, sent again while the
-  thread runs on: `_join_cancelled`) and the worker waits at most `EXIT_WAIT_S` for its thread to end - a
-  daemon thread still inside torch's C++ code when the interpreter finalizes aborts the process ("terminate
-  called without an active exception", seen on an H100); the exit summary lists what was still tuning.
+  thread runs on: `_join_cancelled`; held back while the thread captures a CUDA graph) and the worker waits at
+  most `EXIT_WAIT_S` for its thread to end - a daemon thread still inside torch's C++ code when the interpreter
+  finalizes aborts the process ("terminate called without an active exception", seen on an H100); the exit
+  summary lists what was still tuning.
 - A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
   that were queued in the parent stay eager.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
@@ -295,6 +296,12 @@ def _join_cancelled(job: _Job, deadline: float) -> None:
 
 
 def _raise_cancel(ident: int) -> bool:
+    """Raise `TuningCancelled` in thread `ident` - unless it is capturing a CUDA graph: an exception there ends the
+    capture half-way inside torch's CUDA-graph bookkeeping; the cancel is sent again a moment later instead
+    (`_join_cancelled`). True when sent or deferred."""
+    if capture_guard.capturing_in(ident):
+        _logger.debug("the tuning job is capturing a CUDA graph: the cancel waits for the capture to end")
+        return True
     try:
         import ctypes
 

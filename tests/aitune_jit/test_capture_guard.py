@@ -79,7 +79,8 @@ def test_a_capture_waits_for_another_threads_sync_and_a_thread_may_sync_itself(f
     assert fake_cuda == ["sync", "begin"]
     capture_guard._captures.clear()
     torch.cuda.CUDAGraph.capture_begin(object())  # this thread's own capture never makes it wait
-    assert capture_guard.capturing_here()
+    assert capture_guard.capturing_here() and capture_guard.capturing_in(threading.get_ident())
+    assert not capture_guard.capturing_in(syncer.ident)  # (another thread, not capturing)
     torch.cuda.CUDAGraph.capture_end(object())
     assert not capture_guard.capturing_here()
 

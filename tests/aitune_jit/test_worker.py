@@ -328,3 +328,41 @@ def test_calls_during_a_job_are_recorded_so_a_graph_first_seen_then_is_ready_whe
     assert sorted(spec.name for spec, _backend in node._entries) == ["0", "1"]
     with torch.no_grad():
         torch.testing.assert_close(model(stacked), torch.nn.functional.linear(stacked, model.weight, model.bias))
+
+
+def test_the_exit_cancel_waits_for_a_cuda_graph_capture_to_end(background, monkeypatch):
+    """An exception raised into a capture would end it half-way inside torch's CUDA-graph bookkeeping: the cancel
+    is held back while the job thread captures and lands once the capture has ended."""
+    from aitune_jit import capture_guard
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", lambda self, *a, **k: None)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_end", lambda self: None)
+    capture_guard.install()
+    seen = []
+
+    def capture_then_compile(node):
+        torch.cuda.CUDAGraph.capture_begin(object())
+        seen.append("capturing")
+        try:
+            until = time.monotonic() + 0.6
+            while time.monotonic() < until:  # stands for the Python that runs during a capture
+                sum(range(100))
+        except worker.TuningCancelled:
+            seen.append("cancelled inside the capture")
+            raise
+        torch.cuda.CUDAGraph.capture_end(object())
+        seen.append("captured")
+        try:
+            while True:
+                sum(range(100))
+        except worker.TuningCancelled:
+            seen.append("cancelled after")
+            raise
+
+    try:
+        tuning, job = _start_job(capture_then_compile, lambda: seen)
+        assert tuning.stop(wait_s=5.0) == ["MLP"]
+        assert not job.thread.is_alive()
+        assert seen == ["capturing", "captured", "cancelled after"]
+    finally:
+        capture_guard.uninstall()
