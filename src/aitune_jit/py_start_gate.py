@@ -77,6 +77,16 @@ def release() -> None:
         _tool, _callback = None, None
 
 
+def remove() -> None:
+    """Remove the callback whatever the users' count (at exit, where a job thread may never get to `release`);
+    a later `release` finds nothing to undo."""
+    global _users
+    with _lock:
+        if _users:
+            _users = 1
+    release()
+
+
 def installed() -> bool:
     """True while the callback is installed."""
     return _users > 0

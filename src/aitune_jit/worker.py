@@ -17,12 +17,15 @@ node, never half of it.
   request is being served (`worker_yield`); with `AITUNE_WORKER_COMPILE=subprocess` Inductor's code generation
   runs in a compile process of its own (`worker_compile_process`).
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
-  short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler); at
-  interpreter exit the running job is cancelled (`TuningCancelled`, raised in its thread, sent again while the
-  thread runs on: `_join_cancelled`; held back while the thread captures a CUDA graph) and the worker waits at
-  most `EXIT_WAIT_S` for its thread to end - a daemon thread still inside torch's C++ code when the interpreter
-  finalizes aborts the process ("terminate called without an active exception", seen on an H100); the exit
-  summary lists what was still tuning.
+  short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler).
+  When the main thread's code ends, the running job is cancelled (`TuningCancelled`, raised in its thread, sent
+  again while the thread runs on: `_join_cancelled`; held back while the thread captures a CUDA graph) and the
+  worker waits at most `EXIT_WAIT_S` for its thread to end; then the step-aside callback is removed. This runs
+  in `threading`'s exit hook, before the interpreter stops the main thread and joins the others (`atexit` where
+  that hook is missing): a job thread still running Python there crashed the process (SIGSEGV in the main
+  thread at the start of `threading.Thread._stop`, 3 of 5 serving processes on an H100, Python 3.12.3, while the
+  job traced with dynamo), and one still inside torch's C++ code when the interpreter finalizes aborts it
+  ("terminate called without an active exception"). The exit summary lists what was still tuning.
 - A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
   that were queued in the parent stay eager.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
@@ -45,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aitune_jit import capture_guard
+from aitune_jit import capture_guard, py_start_gate
 from aitune_jit.config import jit_config
 from aitune_jit.outcome import TuningOutcome
 from aitune_jit.state import NodeState
@@ -346,10 +349,15 @@ _worker_lock = threading.Lock()
 _atexit_registered = False
 
 
+def _program_ended() -> bool:
+    """True once the main thread's code has ended (the exit cancel has begun) or the main thread is gone."""
+    return _exiting or not threading.main_thread().is_alive()
+
+
 def _quiet_after_exit(record: logging.LogRecord) -> bool:
     """A job cut short by the program's end fails in odd ways (torch refuses new thread pools): those records are
     not shown on aitune's own stderr handler; the exit summary says what was still tuning instead."""
-    if record.threadName.startswith("aitune-tuning") and not threading.main_thread().is_alive():
+    if record.threadName.startswith("aitune-tuning") and _program_ended():
         job = getattr(_local, "job", None)
         if job is not None and job.path not in _unfinished:
             _unfinished.append(job.path)
@@ -374,7 +382,7 @@ def submit(node: TuningNode, run: Callable[[TuningNode], None]) -> None:
             _quiet_stderr_handler()
             if not _atexit_registered:
                 _atexit_registered = True
-                atexit.register(_at_exit)
+                _register_exit_cancel()
         worker = _worker
     worker.submit(node)
 
@@ -409,7 +417,27 @@ def unfinished_at_exit() -> list[str]:
 _live_jobs: set[_Job] = set()
 
 
+def _register_exit_cancel() -> None:
+    """Cancel the running job when the main thread's code ends, before the interpreter stops that thread and
+    joins the others (module docstring, "Exit"): `threading`'s own exit hook, the one `concurrent.futures` uses;
+    `atexit` on a Python without it or once the interpreter is already shutting down."""
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_at_exit)
+            return
+        except RuntimeError:  # ("can't register atexit after shutdown")
+            pass
+    atexit.register(_at_exit)
+
+
+#: set when the exit cancel begins: from then on the job's records are not shown (`_quiet_after_exit`)
+_exiting = False
+
+
 def _at_exit() -> None:
+    global _exiting
+    _exiting = True
     deadline = time.monotonic() + EXIT_WAIT_S
     for job in list(_live_jobs):  # abandoned (timed-out) jobs first: their threads may still be in torch
         if job.abandoned:
@@ -421,6 +449,7 @@ def _at_exit() -> None:
                 _unfinished.append(path)
     for job in list(_live_jobs):
         _join_cancelled(job, deadline)
+    py_start_gate.remove()  # (a thread still in torch's C++ code keeps no callback on every function start)
 
 
 def _after_fork_in_child() -> None:

@@ -69,3 +69,24 @@ def test_a_free_id_is_taken_and_none_free_means_false():
             sys.monitoring.free_tool_id(py_start_gate.TOOL_IDS[1])
     finally:
         sys.monitoring.free_tool_id(first)
+
+
+@monitoring_only
+def test_remove_takes_the_callback_away_whatever_the_count():
+    """At exit a job thread may never reach its `release`: `remove` frees the tool id anyway, and the late
+    `release` finds nothing to undo."""
+    seen = []
+    assert py_start_gate.acquire(lambda code, offset: seen.append(code) if code is _work.__code__ else None)
+    assert py_start_gate.acquire(lambda code, offset: None)
+    py_start_gate.remove()
+    assert not py_start_gate.installed()
+    assert all(sys.monitoring.get_tool(tool) is None for tool in py_start_gate.TOOL_IDS)
+    _work()
+    assert seen == []
+    py_start_gate.release()  # the job thread's own release, later
+    assert not py_start_gate.installed()
+
+
+def test_remove_without_a_callback_does_nothing():
+    py_start_gate.remove()
+    assert not py_start_gate.installed()

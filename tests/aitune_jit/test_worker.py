@@ -244,6 +244,7 @@ def test_at_exit_an_abandoned_job_still_running_is_cancelled_too(background):
         worker._at_exit()
     finally:
         worker._worker = saved
+        worker._exiting = False  # (this process goes on)
     assert not job.thread.is_alive() and seen == ["started", "cancelled"] and job not in worker._live_jobs
 
 
@@ -366,3 +367,21 @@ def test_the_exit_cancel_waits_for_a_cuda_graph_capture_to_end(background, monke
         assert seen == ["capturing", "captured", "cancelled after"]
     finally:
         capture_guard.uninstall()
+
+
+def test_the_exit_cancel_runs_in_threadings_exit_hook_before_the_main_thread_stops(monkeypatch):
+    """`threading` runs its exit hooks when the main thread's code ends, before it stops that thread and joins
+    the others; a job thread still running Python after that point crashed the process on an H100."""
+    hooks = []
+    monkeypatch.setattr(worker.threading, "_register_atexit", hooks.append, raising=False)
+    registered = []
+    monkeypatch.setattr(worker.atexit, "register", registered.append)
+    worker._register_exit_cancel()
+    assert hooks == [worker._at_exit] and registered == []
+
+    def shutting_down(fn):
+        raise RuntimeError("can't register atexit after shutdown")
+
+    monkeypatch.setattr(worker.threading, "_register_atexit", shutting_down)
+    worker._register_exit_cancel()
+    assert registered == [worker._at_exit]  # (already shutting down: atexit still runs it)
