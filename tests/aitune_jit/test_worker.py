@@ -248,12 +248,13 @@ def test_at_exit_an_abandoned_job_still_running_is_cancelled_too(background):
     assert not job.thread.is_alive() and seen == ["started", "cancelled"] and job not in worker._live_jobs
 
 
-def _spin(seen: list[str]) -> None:
+def _spin(seen: list[str], cancelled: str = "cancelled") -> None:
+    """Python that runs until the cancel lands (stands for dynamo/Inductor's), then notes `cancelled`."""
     try:
         while True:
             sum(range(100))
     except worker.TuningCancelled:
-        seen.append("cancelled")
+        seen.append(cancelled)
         raise
 
 
@@ -353,12 +354,7 @@ def test_the_exit_cancel_waits_for_a_cuda_graph_capture_to_end(background, monke
             raise
         torch.cuda.CUDAGraph.capture_end(object())
         seen.append("captured")
-        try:
-            while True:
-                sum(range(100))
-        except worker.TuningCancelled:
-            seen.append("cancelled after")
-            raise
+        _spin(seen, "cancelled after")
 
     try:
         tuning, job = _start_job(capture_then_compile, lambda: seen)
