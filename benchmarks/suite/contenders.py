@@ -363,6 +363,7 @@ def run_workload(
         fill_serve(row, batch, data["serve"])
         row["module_call_patched"] = data["module_call_patched"]
         row["build_s"] = data["build_s"]
+        row["compile_call_s"] = data.get("compile_call_s", 0.0)
         fill_profile(row, data, settings.profile_calls)
         if abs(data["weights_checksum"] - case.checksum) > 1e-6 * max(1.0, abs(case.checksum)):
             return skipped(row, f"weights differ from the suite's (checksum {data['weights_checksum']} vs "

@@ -87,7 +87,7 @@ def with_speedups(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         eager = next((r["median_ms"] for r in ok if r["contender"] == "eager"), None)
         compiled = [r for r in ok if r["contender"].startswith("compile:")]
         best = min(compiled, key=lambda r: r["median_ms"]) if compiled else None
-        cold = next((r.get("first_call_s") for r in ok if r["contender"] == WORKLOAD_COMPILE), None)
+        cold = next((_compile_time_to_tuned(r) for r in ok if r["contender"] == WORKLOAD_COMPILE), None)
         for r in group:
             fast = r["status"] == "ok" and r.get("median_ms")
             r["speedup_vs_eager"] = eager / r["median_ms"] if fast and eager else None
@@ -99,6 +99,13 @@ def with_speedups(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                 else None
             )
     return rows
+
+
+def _compile_time_to_tuned(row: dict[str, Any]) -> float | None:
+    """torch.compile's first answer in a fresh script: its `torch.compile()` line (which imports Inductor;
+    `compile_call_s`, 0 in rows written before it was recorded) and its first call."""
+    first = row.get("first_call_s")
+    return first + (row.get("compile_call_s") or 0.0) if first is not None else None
 
 
 def sort_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -129,7 +136,7 @@ def _notes(r: dict[str, Any]) -> str:
         if r.get("settled") is False:
             notes.append("warm-up hit its time limit before latencies settled")
         if r.get("tuned_vs_compile_first_call") is not None:
-            notes.append(f"time-to-tuned {r['tuned_vs_compile_first_call']:.2f}x the first call of "
+            notes.append(f"time-to-tuned {r['tuned_vs_compile_first_call']:.2f}x the first answer of "
                          f"{WORKLOAD_COMPILE}")
         if r.get("slow_timed_calls"):
             notes.append(f"{r['slow_timed_calls']} timed calls > 1.5x median")
@@ -256,8 +263,8 @@ def _summary(rows: Sequence[dict[str, Any]]) -> list[str]:
                      f"(at least as fast in {wins} of {len(vs_best)})")
         tuned = [r["tuned_vs_compile_first_call"] for r in mine if r.get("tuned_vs_compile_first_call")]
         if tuned:
-            line += (f"; time-to-tuned at most {max(tuned):.2f}x the first call of {WORKLOAD_COMPILE} "
-                     f"({len(tuned)} cases)")
+            line += (f"; time-to-tuned at most {max(tuned):.2f}x the first answer of {WORKLOAD_COMPILE} "
+                     f"(its torch.compile() line and first call; {len(tuned)} cases)")
         lines.append(line + ".")
     return lines
 

@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     checksum = models.weights_checksum(built.module)
     module = built.module.to(device)
     inputs = [built.make_inputs(seed).to(device) for seed in range(args.n_inputs)]
+    t_compile = time.perf_counter()
     call = make_callable(module, args.contender, args.autocast, device)
     t_built = time.perf_counter()
 
@@ -126,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
         "weights_checksum": checksum,
         "module_call_patched": module_call_patched(),
         "build_s": t_built - t_start,
+        # the `torch.compile()` line imports Inductor (seconds on a GPU host): part of what torch.compile's
+        # first answer costs a script, as the JIT pays the same import on its worker
+        "compile_call_s": t_built - t_compile,
         "serve": served.to_dict(),
         "check_seeds": args.check_seeds,
         **profiles,
