@@ -42,7 +42,7 @@ from aitune_jit.node_views import NodeViews, format_count
 from aitune_jit.range_growth import RangeGrowth
 from aitune_jit.runtime import CANDIDATE, NODE_ATTR, in_dynamo_region, is_compiling, skip_as_top_frame, tls
 from aitune_jit.state import NodeState
-from aitune_jit.worker_yield import request_finished, request_started
+from aitune_jit.worker_yield import jobs_stepping_aside, request_finished, request_started
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
@@ -287,12 +287,25 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
             return forward(*args, **kwargs)  # type: ignore[misc]
         state = self.state
         if state is NodeState.TUNED:
+            if jobs_stepping_aside() and not tls.stack:
+                return self._tuned_request(forward, args, kwargs)
             if self._recordable(args, kwargs):
                 return self._dispatch(args, kwargs)
             return forward(*args, **kwargs)  # type: ignore[misc]
         if state is NodeState.RECORDING and self._recordable(args, kwargs):  # recorded during its job too
             return self._recorded_call(forward, args, kwargs)  # type: ignore[arg-type]
         return forward(*args, **kwargs)  # type: ignore[misc]
+
+    def _tuned_request(self, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A tuned node's call outside any node's call while a job runs (re-tuning a range, tuning another module):
+        a request the job steps aside for, as `observed_call` counts the calls of nodes off the fast path."""
+        request_started()
+        try:
+            if self._recordable(args, kwargs):
+                return self._dispatch(args, kwargs)
+            return forward(*args, **kwargs)
+        finally:
+            request_finished()
 
     def _become_candidate(self) -> None:
         from aitune_core.recording.graph_recorder import GraphRecorder

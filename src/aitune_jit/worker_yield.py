@@ -9,7 +9,9 @@ slowest 38.7 ms (eager p99 15.8 ms) while it stepped aside, and the compile took
 that waits for idle moments finishes later; a request never waits for it, which is the order that matters.
 
 How: the outermost call of a node that is not on the hook's fast path is a request (`request_started` /
-`request_finished`, counted over all serving threads). While a job runs, its thread has a gate that, at each
+`request_finished`, counted over all serving threads), and so is a tuned node's outermost call while a job
+runs (`jobs_stepping_aside`): a tuned node is on the fast path, and a job re-tuning its new batch range would
+otherwise run through its requests. While a job runs, its thread has a gate that, at each
 Python function call while a request is in flight, waits until no request is (the job resumes at once when the
 last one ends). A job is never starved: a wait that lasts `max_wait_s()` is followed by `RUN_SLICE_S` of
 running regardless, so a saturated server still tunes. A job holding a lock a request needs is released the
@@ -57,6 +59,7 @@ _cond = threading.Condition(threading.Lock())
 _inflight = 0  # requests being served now, all threads
 _waiting = 0  # job threads waiting for the requests to end
 _gates: dict[int, _StepAside] = {}  # job thread -> its gate, while it runs under the monitoring callback
+_jobs = 0  # job threads inside `steps_aside` (either gate)
 
 
 def request_started() -> None:
@@ -77,6 +80,12 @@ def request_finished() -> None:
 
 def requests_in_flight() -> int:
     return _inflight
+
+
+def jobs_stepping_aside() -> bool:
+    """True while a job's gate is on: calls that skip `observed_call` (a tuned node's, on the hook's fast path)
+    count themselves as requests then, so that a re-tuning job steps aside for them too."""
+    return _jobs > 0
 
 
 def max_wait_s() -> float:
@@ -152,6 +161,23 @@ def steps_aside(paused_by: Callable[[], bool] = _never) -> Iterator[_StepAside |
         return
     gate = _StepAside(wait, paused_by)
     ident = threading.get_ident()
+    with _counted_job():
+        yield from _gated(gate, ident)
+
+
+@contextlib.contextmanager
+def _counted_job() -> Iterator[None]:
+    global _jobs
+    with _cond:
+        _jobs += 1
+    try:
+        yield
+    finally:
+        with _cond:
+            _jobs -= 1
+
+
+def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
     if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
         gate.mechanism = "monitoring"
         _gates[ident] = gate

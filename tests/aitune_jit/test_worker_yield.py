@@ -259,3 +259,52 @@ def test_the_callback_is_removed_when_the_last_job_ends(monkeypatch):
         assert py_start_gate.installed()
     assert not py_start_gate.installed() and sys.monitoring.get_tool(py_start_gate.TOOL_IDS[0]) is None
 
+
+
+def test_jobs_stepping_aside_is_true_while_a_gate_is_on(job):
+    assert wy.jobs_stepping_aside()
+    _finish(job)
+    assert not wy.jobs_stepping_aside()
+
+
+def test_the_job_count_comes_back_when_the_job_raises(monkeypatch, mechanism):
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    with pytest.raises(RuntimeError, match="compile failed"), wy.steps_aside():
+        assert wy.jobs_stepping_aside()
+        raise RuntimeError("compile failed")
+    assert not wy.jobs_stepping_aside() and wy._gates == {}
+
+
+def test_a_tuned_nodes_call_is_a_request_while_a_job_steps_aside(monkeypatch):
+    """A tuned node is on the hook's fast path (no `observed_call`): while a job runs - re-tuning a new batch
+    range of that node, or tuning another module - its calls count themselves, so the job steps aside for them."""
+    pytest.importorskip("torch")
+    from jit_helpers import CountingBackend, make_mlp, run
+
+    from aitune_jit.config import jit_config
+    from aitune_jit.patched_module import PatchedModule
+    from aitune_jit.state import NodeState
+    from aitune_jit.switch import enable
+
+    jit_config.blocking = True
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+    enable()
+    model = make_mlp()
+    run(model, [2, 2])
+    node = PatchedModule.of(model)
+    assert node is not None and node.state is NodeState.TUNED
+    seen = []
+    dispatch = PatchedModule._dispatch
+    monkeypatch.setattr(PatchedModule, "_dispatch", lambda self, args, kwargs: seen.append(wy.requests_in_flight())
+                        or dispatch(self, args, kwargs))
+    run(model, [2])
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    job = _start(_Job())
+    try:
+        run(model, [2])
+    finally:
+        _finish(job)
+    run(model, [2])
+    assert seen == [0, 1, 0] and wy.requests_in_flight() == 0
