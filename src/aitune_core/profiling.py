@@ -98,9 +98,11 @@ def throughput(batch_size: int, latency_ms: float) -> float:
 
 @contextlib.contextmanager
 def timing_unpaused() -> Iterator[None]:
-    """Timed calls run without a profile function that pauses this thread (one with `suspend_while_timing`,
+    """A timed call runs without a profile function that pauses this thread (one with `suspend_while_timing`,
     such as a background tuning job's, which waits while requests are served): a pause inside a timed call
-    would be measured as the backend's time."""
+    would be measured as the backend's time. Each call is marked on its own: between two timed calls the job
+    may still step aside for a request (the measurement would otherwise run through requests, competing with
+    them for the GIL and the device)."""
     hook = sys.getprofile()
     with timed():  # (a gate that runs without a profile function reads this mark)
         if not getattr(hook, "suspend_while_timing", False):
@@ -174,8 +176,8 @@ def measure_all(
     cuda = dev.type == "cuda" and torch.cuda.is_available()
     prepare = _preparer(fn)
 
-    with torch.no_grad(), timing_unpaused():
-        for _ in range(max(warmup, 0)):
+    with torch.no_grad():
+        for _ in range(max(warmup, 0)):  # (not timed: the job may step aside inside these)
             fn(*args, **kwargs)
         if cuda:
             with torch.cuda.device(dev):
@@ -185,12 +187,7 @@ def measure_all(
                 while len(events) < settings.max_iterations and (
                     len(events) < iterations or time.perf_counter() - start_wall < min_time_s
                 ):
-                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    prepare()
-                    begin.record()
-                    fn(*args, **kwargs)
-                    end.record()
-                    events.append((begin, end))
+                    events.append(_cuda_call(fn, args, kwargs, prepare))
                     if min_time_s and len(events) >= iterations and len(events) % iterations == 0:
                         torch.cuda.synchronize()  # so that the wall clock check sees finished work
                 torch.cuda.synchronize()
@@ -200,11 +197,30 @@ def measure_all(
         while len(latencies) < settings.max_iterations and (
             len(latencies) < iterations or time.perf_counter() - start_wall < min_time_s
         ):
-            prepare()
-            t0 = time.perf_counter()
-            fn(*args, **kwargs)
-            latencies.append((time.perf_counter() - t0) * 1000.0)
+            latencies.append(_host_call(fn, args, kwargs, prepare))
         return latencies
+
+
+def _cuda_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+               prepare: Callable[[], None]) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """One call bracketed by CUDA events; its inputs are prepared first, outside the bracket."""
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    prepare()
+    with timing_unpaused():
+        begin.record()
+        fn(*args, **kwargs)
+        end.record()
+    return begin, end
+
+
+def _host_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
+               prepare: Callable[[], None]) -> float:
+    """One call's wall time in ms; its inputs are prepared first, outside the timing."""
+    prepare()
+    with timing_unpaused():
+        t0 = time.perf_counter()
+        fn(*args, **kwargs)
+        return (time.perf_counter() - t0) * 1000.0
 
 
 def measure(
@@ -272,23 +288,10 @@ def _timed_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     """Latencies (ms) of `count` calls; on CUDA bracketed by events and synchronized once at the end."""
     prepare = _preparer(fn)
     if cuda:
-        events = []
-        for _ in range(count):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            prepare()
-            begin.record()
-            fn(*args, **kwargs)
-            end.record()
-            events.append((begin, end))
+        events = [_cuda_call(fn, args, kwargs, prepare) for _ in range(count)]
         torch.cuda.synchronize()
         return [b.elapsed_time(e) for b, e in events]
-    latencies = []
-    for _ in range(count):
-        prepare()
-        t0 = time.perf_counter()
-        fn(*args, **kwargs)
-        latencies.append((time.perf_counter() - t0) * 1000.0)
-    return latencies
+    return [_host_call(fn, args, kwargs, prepare) for _ in range(count)]
 
 
 def compare(
@@ -314,7 +317,7 @@ def compare(
     budget_s = (settings.cuda_budget_s if cuda else settings.cpu_budget_s) if budget_s is None else budget_s
     min_rounds = max(1, settings.min_rounds if min_rounds is None else min_rounds)
     context = torch.cuda.device(dev) if cuda else contextlib.nullcontext()
-    with torch.no_grad(), context, timing_unpaused():
+    with torch.no_grad(), context:
         for fn in fns:
             _timed_calls(fn, args, kwargs, max(warmup, 0), cuda)
         # one timed call each (the slowest decides) sets how many calls make a round of about `round_s`

@@ -136,3 +136,25 @@ def test_fresh_inputs_are_made_before_each_timed_call_and_not_timed(monkeypatch)
     comparison = profiling.compare([fresh, profiling.FreshInputs(step, make)], device="cpu", warmup=0, budget_s=0.0,
                                    min_rounds=1)
     assert set(seen) == {0} and max(max(r) for r in comparison.round_medians_ms) < 5
+
+
+def test_only_the_calls_themselves_are_timed_sections():
+    """A background job steps aside for requests except inside a timed call (`timed_section`): each call is its
+    own section, so between calls - here, while the next inputs are made - the job may still step aside."""
+    from aitune_core.timed_section import timing_now
+
+    during_calls, between_calls = [], []
+
+    def make():
+        between_calls.append(timing_now())
+        return (), {}
+
+    def call():
+        during_calls.append(timing_now())
+
+    fresh = profiling.FreshInputs(call, make)
+    profiling.measure_all(fresh, device="cpu", warmup=0, iterations=3, min_time_s=0.0)  # (warm-up: untimed)
+    profiling.compare([fresh, profiling.FreshInputs(call, make)], device="cpu", warmup=1, budget_s=0.0, min_rounds=1)
+    assert during_calls and all(during_calls)
+    assert between_calls and not any(between_calls)
+    assert not timing_now()
