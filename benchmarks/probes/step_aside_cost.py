@@ -6,9 +6,10 @@ same warm job (the JIT cache filled by a first process, so the job is torch.comp
 trace, the AOTAutograd and FX graph caches, the validation) in fresh processes under each gate:
 
 - `none`: `AITUNE_WORKER_YIELD_MS=0`, no gate;
+- `trace`: `AITUNE_WORKER_YIELD_GATE=trace`, the job thread's trace function (Python function calls only);
 - `profile`: `AITUNE_WORKER_YIELD_GATE=profile`, the job thread's profile function;
 - `monitoring`: the default, a `sys.monitoring` callback on function starts (Python 3.12+; on an older Python
-  this row is the profile function again, and the table says so).
+  this row is the trace function again, and the table says so).
 
 Each process calls the model `jit_config.min_samples` times (the last call queues the job), then serves nothing
 and waits for it (`wait_until_tuned`): the time is from the first call to tuned. Variants are interleaved round
@@ -35,6 +36,7 @@ from benchmarks import common
 
 VARIANTS = {
     "none": {"AITUNE_WORKER_YIELD_MS": "0"},
+    "trace": {"AITUNE_WORKER_YIELD_GATE": "trace"},
     "profile": {"AITUNE_WORKER_YIELD_GATE": "profile"},
     "monitoring": {"AITUNE_WORKER_YIELD_GATE": "monitoring"},
 }
@@ -74,7 +76,9 @@ def _gate_used() -> str:
     if os.environ.get("AITUNE_WORKER_YIELD_MS") == "0":
         return "none"
     wanted = os.environ.get("AITUNE_WORKER_YIELD_GATE", "monitoring")
-    return "monitoring" if wanted == "monitoring" and sys.version_info >= (3, 12) else "profile"
+    if wanted == "monitoring":
+        return "monitoring" if sys.version_info >= (3, 12) else "trace"
+    return wanted
 
 
 def _run(variant: str, args: Any, cache: Path) -> dict[str, Any]:

@@ -98,21 +98,28 @@ def throughput(batch_size: int, latency_ms: float) -> float:
 
 @contextlib.contextmanager
 def timing_unpaused() -> Iterator[None]:
-    """A timed call runs without a profile function that pauses this thread (one with `suspend_while_timing`,
+    """A timed call runs without a profile or trace function that pauses this thread (`suspend_while_timing`,
     such as a background tuning job's, which waits while requests are served): a pause inside a timed call
     would be measured as the backend's time. Each call is marked on its own: between two timed calls the job
     may still step aside for a request (the measurement would otherwise run through requests, competing with
     them for the GIL and the device)."""
-    hook = sys.getprofile()
-    with timed():  # (a gate that runs without a profile function reads this mark)
-        if not getattr(hook, "suspend_while_timing", False):
-            yield
-            return
-        sys.setprofile(None)
-        try:
-            yield
-        finally:
-            sys.setprofile(hook)
+    # (a gate that runs without a profile or trace function reads the `timed` mark)
+    with timed(), _without(sys.getprofile, sys.setprofile), _without(sys.gettrace, sys.settrace):
+        yield
+
+
+@contextlib.contextmanager
+def _without(get: Callable[[], Any], put: Callable[[Any], None]) -> Iterator[None]:
+    """This thread's profile or trace function, taken off for the block if it is a pausing gate."""
+    hook = get()
+    if not getattr(hook, "suspend_while_timing", False):
+        yield
+        return
+    put(None)
+    try:
+        yield
+    finally:
+        put(hook)
 
 
 def _resolve_device(device: torch.device | str | None, args: Sequence[Any], kwargs: Mapping[str, Any]) -> torch.device:

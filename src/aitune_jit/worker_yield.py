@@ -22,17 +22,22 @@ Where the gate sits:
 
 - Python 3.12 and later: a `sys.monitoring` callback on function starts (`py_start_gate`). Its cost is one
   Python call per function start, and nothing else changes in how the interpreter runs.
-- Before 3.12, or when no monitoring tool id is free: a profile function of the job thread (`sys.setprofile`).
-  Profiling puts the interpreter in its slow mode for that thread and reports C calls and returns too.
+- Before 3.12, or when no monitoring tool id is free: a trace function of the job thread (`sys.settrace`),
+  called at Python function calls only; it returns None, so the frame's lines raise no events. Tracing puts
+  the interpreter in its slow mode for that thread.
+- `AITUNE_WORKER_YIELD_GATE=profile`: a profile function (`sys.setprofile`), slow mode too, and called at C
+  calls and returns as well.
+- A thread that is already traced or profiled (a debugger, coverage) is left alone: that job does not step aside.
 
 The difference is large: the warm build of ResNet-50 (blocking, `scratch` measurement on the H100, Python
 3.12, two runs each) took 7.3 and 9.8 s with no gate, 13.5 and 21.0 s under the profile function, and 9.7 and
-10.2 s under the monitoring callback; on this CPU (3.11) the profile function made a warm TinyResNet build
-about 1.6x slower.
+10.2 s under the monitoring callback. On this CPU (3.11, `benchmarks/probes/step_aside_cost.py`, three warm
+TinyResNet jobs each, interleaved) the trace function made the job 1.33x slower than no gate and the profile
+function 1.55x.
 
 `AITUNE_WORKER_YIELD_MS`: the longest wait in milliseconds (default 25; 0 turns stepping aside off).
-`AITUNE_WORKER_YIELD_GATE`: `monitoring` (default; the profile function where monitoring is missing) or
-`profile` (always the profile function, e.g. beside a tool that needs every monitoring id).
+`AITUNE_WORKER_YIELD_GATE`: `monitoring` (default; the trace function where monitoring is missing), `trace`
+or `profile` (e.g. beside a tool that needs every monitoring id).
 """
 
 from __future__ import annotations
@@ -94,8 +99,8 @@ def max_wait_s() -> float:
 
 
 def gate_choice() -> str:
-    """`AITUNE_WORKER_YIELD_GATE`: monitoring (default) or profile."""
-    return env_choice("AITUNE_WORKER_YIELD_GATE", ("monitoring", "profile"), "monitoring")
+    """`AITUNE_WORKER_YIELD_GATE`: monitoring (default), trace or profile."""
+    return env_choice("AITUNE_WORKER_YIELD_GATE", ("monitoring", "trace", "profile"), "monitoring")
 
 
 def _never() -> bool:
@@ -103,14 +108,15 @@ def _never() -> bool:
 
 
 class _StepAside:
-    """One job's gate: a profile function (`__call__`) or the target of the monitoring callback (`check`)."""
+    """One job's gate: a trace or profile function (`__call__`; a trace function is called at Python calls only,
+    and its None asks for no events inside the frame) or the target of the monitoring callback (`check`)."""
 
     suspend_while_timing = True  # read by aitune_core.profiling
 
     def __init__(self, max_wait: float, paused_by: Callable[[], bool] = _never) -> None:
         self.max_wait = max_wait
         self.paused_by = paused_by
-        self.mechanism = "profile"
+        self.mechanism = "trace"
         self.free_until = 0.0
         self.waited_s = 0.0
         self.waits = 0
@@ -188,14 +194,16 @@ def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
             py_start_gate.release()
             _log(gate)
         return
-    if sys.getprofile() is not None:  # someone profiles this thread: leave it alone
+    gate.mechanism = "profile" if gate_choice() == "profile" else "trace"
+    get, put = (sys.getprofile, sys.setprofile) if gate.mechanism == "profile" else (sys.gettrace, sys.settrace)
+    if get() is not None:  # someone profiles or traces this thread (a debugger, coverage): leave it alone
         yield None
         return
-    sys.setprofile(gate)
+    put(gate)
     try:
         yield gate
     finally:
-        sys.setprofile(None)
+        put(None)
         _log(gate)
 
 

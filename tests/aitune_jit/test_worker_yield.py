@@ -1,7 +1,8 @@
 """aitune_jit/worker_yield.py: a background job's thread waits while a request is served, resumes when it ends,
 is never starved, and the hook counts one request per outermost module call. The gate is a monitoring callback
-on Python 3.12+ and a profile function before; the tests that need torch import it themselves, so that the
-rest runs under a Python without torch (`python3.12 -m pytest --noconftest` on this file)."""
+on Python 3.12+ and a trace function before (a profile function on request); the tests that need torch import
+it themselves, so that the rest runs under a Python without torch (`python3.12 -m pytest --noconftest` on this
+file)."""
 
 from __future__ import annotations
 
@@ -55,11 +56,11 @@ def _finish(thread: _Job) -> None:
     thread.join(5)
 
 
-@pytest.fixture(params=["default", "profile"])
+@pytest.fixture(params=["default", "trace", "profile"])
 def mechanism(request, monkeypatch):
-    """Each gate this Python has: its default, and the profile function (AITUNE_WORKER_YIELD_GATE=profile)."""
-    if request.param == "profile":
-        monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", "profile")
+    """Each gate this Python has: its default, the trace and the profile function (AITUNE_WORKER_YIELD_GATE)."""
+    if request.param != "default":
+        monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", request.param)
     return request.param
 
 
@@ -99,39 +100,61 @@ def test_a_job_is_not_starved_by_requests_that_never_end(monkeypatch):
         thread.join(5)
 
 
-def test_the_gate_is_the_monitoring_callback_where_python_has_it(job, mechanism):
-    expected = "monitoring" if mechanism == "default" and py_start_gate.available() else "profile"
+def test_the_gate_is_the_monitoring_callback_where_python_has_it_and_the_trace_function_before(job, mechanism):
+    expected = mechanism
+    if mechanism == "default":
+        expected = "monitoring" if py_start_gate.available() else "trace"
     assert job.gate.mechanism == expected and py_start_gate.installed() == (expected == "monitoring")
 
 
-def test_the_profile_function_is_this_threads_only_and_removed_after(monkeypatch):
+@pytest.mark.parametrize("gate_name, get", [("trace", sys.gettrace), ("profile", sys.getprofile)])
+def test_the_trace_or_profile_function_is_this_threads_only_and_removed_after(monkeypatch, gate_name, get):
     monkeypatch.delenv("AITUNE_WORKER_YIELD_MS", raising=False)
-    monkeypatch.setattr(py_start_gate, "acquire", lambda callback: False)
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", gate_name)
     seen = []
     with wy.steps_aside() as gate:
-        assert sys.getprofile() is gate and gate.max_wait == wy.DEFAULT_MAX_WAIT_S
-        other = threading.Thread(target=lambda: seen.append(sys.getprofile()))
+        assert get() is gate and gate.mechanism == gate_name and gate.max_wait == wy.DEFAULT_MAX_WAIT_S
+        other = threading.Thread(target=lambda: seen.append(get()))
         other.start()
         other.join()
-    assert sys.getprofile() is None and seen == [None]
+    assert get() is None and seen == [None]
 
 
-def test_off_by_setting_or_when_the_thread_is_already_profiled(monkeypatch):
+@pytest.mark.parametrize("gate_name, checks", [("trace", 2), ("profile", 6)])
+def test_the_trace_function_is_called_at_python_calls_only(monkeypatch, gate_name, checks):
+    """Why it is cheaper than the profile function: no events at C calls or returns."""
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", gate_name)
+    seen = []
+    with wy.steps_aside() as gate:
+        gate.check = lambda: seen.append(1)  # (called from the gate, where this thread raises no events)
+        wy._inflight = 1  # a request in flight, set without a Python call
+        try:
+            _tick()
+            len(seen)  # a C call
+            _tick()
+        finally:
+            wy._inflight = 0
+    assert len(seen) == checks  # trace: the two calls; profile: their calls and returns, len's call and return
+
+
+@pytest.mark.parametrize("gate_name, get, put", [("trace", sys.gettrace, sys.settrace),
+                                                 ("profile", sys.getprofile, sys.setprofile)])
+def test_off_by_setting_or_when_the_thread_is_already_traced_or_profiled(monkeypatch, gate_name, get, put):
     monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "0")
     with wy.steps_aside() as gate:
-        assert gate is None and sys.getprofile() is None and not py_start_gate.installed()
+        assert gate is None and get() is None and not py_start_gate.installed()
     monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "50")
-    monkeypatch.setattr(py_start_gate, "acquire", lambda callback: False)
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", gate_name)
 
     def theirs(frame, event, arg):
         return None
 
-    sys.setprofile(theirs)
+    put(theirs)
     try:
         with wy.steps_aside() as gate:
-            assert gate is None and sys.getprofile() is theirs
+            assert gate is None and get() is theirs  # (a debugger's or coverage's function is kept)
     finally:
-        sys.setprofile(None)
+        put(None)
 
 
 def test_timed_sections_are_not_paused(job):
@@ -160,23 +183,24 @@ def test_timed_sections_are_not_paused(job):
         wy.request_finished()
 
 
-def test_timed_calls_run_without_the_profile_function(monkeypatch):
-    """The profile function is also taken off while timing: its own cost would be measured."""
+@pytest.mark.parametrize("gate_name, get", [("trace", sys.gettrace), ("profile", sys.getprofile)])
+def test_timed_calls_run_without_the_trace_or_profile_function(monkeypatch, gate_name, get):
+    """The gate is also taken off while timing: its own cost would be measured."""
     torch = pytest.importorskip("torch")  # noqa: F841
     from aitune_core import profiling
 
     monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
-    monkeypatch.setattr(py_start_gate, "acquire", lambda callback: False)
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", gate_name)
     with wy.steps_aside() as gate:
         with profiling.timing_unpaused():
-            assert sys.getprofile() is None
-        assert sys.getprofile() is gate
+            assert get() is None
+        assert get() is gate
         seen = []
-        profiling.measure_all(lambda: seen.append(sys.getprofile()), device="cpu", warmup=0, iterations=3,
+        profiling.measure_all(lambda: seen.append(get()), device="cpu", warmup=0, iterations=3,
                               min_time_s=0.0)  # (untimed warm-up calls keep the gate)
-        profiling.compare([lambda: seen.append(sys.getprofile())], device="cpu", warmup=1, budget_s=0.0)
+        profiling.compare([lambda: seen.append(get())], device="cpu", warmup=1, budget_s=0.0)
         assert seen and all(hook is None for hook in seen)
-        assert sys.getprofile() is gate
+        assert get() is gate
 
 
 def test_the_hook_counts_one_request_per_outermost_call():

@@ -13,8 +13,10 @@ def test_the_gate_used_follows_the_variables(monkeypatch):
     monkeypatch.delenv("AITUNE_WORKER_YIELD_MS")
     monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", "profile")
     assert bench._gate_used() == "profile"
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", "trace")
+    assert bench._gate_used() == "trace"
     monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", "monitoring")
-    assert bench._gate_used() == ("monitoring" if sys.version_info >= (3, 12) else "profile")
+    assert bench._gate_used() == ("monitoring" if sys.version_info >= (3, 12) else "trace")
     for variant, env in bench.VARIANTS.items():  # what each variant sets is what the child reports
         monkeypatch.delenv("AITUNE_WORKER_YIELD_MS", raising=False)
         monkeypatch.delenv("AITUNE_WORKER_YIELD_GATE", raising=False)
