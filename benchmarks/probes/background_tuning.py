@@ -15,6 +15,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
 - `jit-cold-profile`: as `jit-cold` with `AITUNE_WORKER_YIELD_GATE=profile` (the job steps aside through a
   profile function instead of the monitoring callback of Python 3.12+) and a cache folder of its own;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
+- `jit-warm-noprefetch`: as `jit-warm` with `AITUNE_WORKER_PREFETCH=off` (torch's compiler is not imported in
+  the background while the script builds its model: `aitune_jit/compiler_prefetch.py`);
 - `jit-warm-rebuild`: as `jit-warm` with `AITUNE_WORKER_PACKAGE=off`: the decided backend is rebuilt, no
   package is loaded (with `--packages on`, the warm start from a package against the rebuild it replaces);
 - `jit-blocking`: `AITUNE_JIT_BLOCKING=1`, for the steady state of the old behaviour;
@@ -57,13 +59,18 @@ import torch
 
 from benchmarks import common
 
+#: when this module was imported (after torch): a served process's set-up before its first request is measured
+#: from here (`setup_s`: the model built and moved to its device, what a compiler prefetch overlaps)
+IMPORTED_AT = time.perf_counter()
+
 WORKLOADS = {
     "gpu": {"resnet50-mixed": ("resnet50", "mixed"), "bert-mixed": ("bert_base", "mixed"),
             "bert-varlen": ("bert_base", "varlen")},
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
 CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-cold-profile", "jit-warm",
-              "jit-warm-rebuild", "jit-blocking", "compile-cold", "compile-warm", "compile-dynamic")
+              "jit-warm-noprefetch", "jit-warm-rebuild", "jit-blocking", "compile-cold", "compile-warm",
+              "compile-dynamic")
 CHECK_SEEDS = (1000, 1001)
 #: frames kept per sampled stack (innermost last)
 STACK_DEPTH = 8
@@ -170,6 +177,7 @@ def serve(options: argparse.Namespace) -> int:
     # the clock starts before `torch.compile()`: that line imports Inductor (seconds on a GPU machine), a cost the
     # script pays for torch.compile as the JIT pays it on its worker
     start = time.perf_counter()
+    setup_s = start - IMPORTED_AT
     target = torch.compile(module, dynamic=options.compile == "dynamic") if options.compile else module
     compile_call_s = time.perf_counter() - start
     positional = "x" in _inputs(options.model, module, 1, 8, 0)
@@ -213,7 +221,8 @@ def serve(options: argparse.Namespace) -> int:
     node = _root_node(module)
     slowest = sorted(sampler.samples, key=lambda i: -rows[i]["latency_s"] if i < len(rows) else 0)[:8]
     Path(options.out).write_text(json.dumps({
-        "rows": rows, "compile_call_s": compile_call_s, "root_state": node.state.value if node is not None else None,
+        "rows": rows, "compile_call_s": compile_call_s, "setup_s": setup_s,
+        "root_state": node.state.value if node is not None else None,
         "root_reason": node.reason if node is not None else None, "backends": _backends(module),
         "stalls": [{"request": i, "latency_ms": 1e3 * rows[i]["latency_s"], "samples": sampler.samples[i]}
                    for i in slowest if i < len(rows)],
@@ -232,6 +241,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
         env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_CACHE_DIR=str(jit_cache),
                    AITUNE_JIT_PRINT_HISTORY="1")
         env["AITUNE_WORKER_PACKAGE"] = "off" if contender == "jit-warm-rebuild" else args.packages
+        if contender == "jit-warm-noprefetch":
+            env["AITUNE_WORKER_PREFETCH"] = "off"
         if contender == "jit-blocking":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-blocking"), AITUNE_JIT_BLOCKING="1")
         if contender == "jit-cold-nostep":
@@ -315,7 +326,7 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
     later = rows[20:]
     if later:  # calls a tuned backend answered, after the first 20 (variable shapes: the tuned ranges' coverage)
         summary["served_tuned_after_20"] = sum(bool(r.get("served_tuned")) for r in later) / len(later)
-    for key in ("compile_call_s", "stalls", "long_collections", "stderr_lines", "exit_status", "stderr_tail",
+    for key in ("compile_call_s", "setup_s", "stalls", "long_collections", "stderr_lines", "exit_status", "stderr_tail",
                 "backends", "summary", "history"):
         if key in data:
             summary[key] = data[key]
@@ -358,6 +369,8 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
         "warm_over_cold_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"), cold.get("time_to_tuned_s")),
         "warm_time_to_tuned_over_warm_compile_first_call": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
                                                                   rows["compile-warm"].get("time_to_tuned_s")),
+        "warm_over_warm_noprefetch_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
+                                                          rows["jit-warm-noprefetch"].get("time_to_tuned_s")),
         "warm_over_warm_rebuild_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
                                                        rows["jit-warm-rebuild"].get("time_to_tuned_s")),
         "steady_background_over_blocking": _ratio(cold.get("after_p50_ms"), rows["jit-blocking"].get("after_p50_ms")),

@@ -57,15 +57,19 @@ def store() -> DecisionStore:
     return DecisionStore(jit_config.cache_dir)
 
 
+_pointed: str | None = None  # the folder `point_inductor_cache` last set
+
+
 def point_inductor_cache() -> None:
     """Inductor's caches go under the aitune cache folder (so that replicas sharing that folder share compiled
     kernels, and `cache clear` clears them), unless someone chose their folder: TORCHINDUCTOR_CACHE_DIR is
     left alone unless it is unset or torch's own default (torch writes its default into the variable when
     dynamo is first imported)."""
+    global _pointed
     if not jit_config.reuse_decisions:
         return
     current = os.environ.get(INDUCTOR_CACHE_ENV)
-    if current is not None:
+    if current is not None and current != _pointed:  # (aitune's own earlier choice follows a new cache_dir)
         try:
             from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
@@ -73,7 +77,9 @@ def point_inductor_cache() -> None:
                 return
         except Exception:  # a torch without that helper: leave the variable alone
             return
-    os.environ[INDUCTOR_CACHE_ENV] = str(Path(jit_config.cache_dir).absolute() / INDUCTOR)
+    _pointed = str(Path(jit_config.cache_dir).absolute() / INDUCTOR)
+    if current != _pointed:
+        os.environ[INDUCTOR_CACHE_ENV] = _pointed
 
 
 def keys_for(node: TuningNode, graphs: list[GraphSpec], strategy: Any, device: torch.device) -> dict[str, str]:

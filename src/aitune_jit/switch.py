@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from aitune_core.log import install_stderr_warnings, remove_stderr_warnings
-from aitune_jit import hook
+from aitune_jit import compiler_prefetch, hook
 
 
 def enable() -> None:
     """Patch `torch.nn.Module.__call__` and tune every module outside torch internals and containers,
     including modules constructed before this call. aitune's WARNINGs go to stderr unless the application
-    configured logging (`aitune_core.log.install_stderr_warnings`)."""
+    configured logging (`aitune_core.log.install_stderr_warnings`). A warm JIT cache starts loading torch's
+    compiler in the background (`compiler_prefetch`)."""
     install_stderr_warnings()
     hook.install()
     hook.set_global_mode(True)
+    compiler_prefetch.start()
 
 
 def disable() -> None:

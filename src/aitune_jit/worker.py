@@ -69,12 +69,20 @@ class _Job:
     __slots__ = ("abandoned", "gain", "node_ref", "path", "started", "thread")
 
     def __init__(self, node: Any) -> None:
-        self.node_ref = weakref.ref(node)
+        self.node_ref: Callable[[], Any] = weakref.ref(node)
         self.path = node.path
         self.gain = expected_gain(node)
         self.abandoned = False
         self.started: float | None = None
         self.thread: threading.Thread | None = None
+
+    @classmethod
+    def side(cls, name: str) -> _Job:
+        """A job that tunes no node (`start_side_job`): only its thread, for the exit cancel."""
+        job = cls.__new__(cls)
+        job.node_ref, job.path, job.gain = type(None), name, 0.0  # (node_ref() is None)
+        job.abandoned, job.started, job.thread = False, None, None
+        return job
 
 
 class TuningCancelled(BaseException):
@@ -417,6 +425,35 @@ def unfinished_at_exit() -> list[str]:
 _live_jobs: set[_Job] = set()
 
 
+def start_side_job(name: str, task: Callable[[], None]) -> threading.Thread:
+    """Run `task` on a daemon thread that steps aside for requests like a tuning job and, like one, is cancelled
+    when the main thread's code ends (`compiler_prefetch`). Its failures are logged at DEBUG only."""
+    global _atexit_registered
+    job = _Job.side(name)
+
+    def body() -> None:
+        _local.job = job
+        try:
+            with steps_aside():
+                task()
+        except Exception:
+            _logger.debug("%s failed", name, exc_info=True)
+        except TuningCancelled:
+            pass  # (the program ended first)
+        finally:
+            _local.job = None
+            _live_jobs.discard(job)
+
+    job.thread = threading.Thread(target=body, name=f"aitune-{name}", daemon=True)
+    with _worker_lock:
+        _live_jobs.add(job)
+        if not _atexit_registered:
+            _atexit_registered = True
+            _register_exit_cancel()
+    job.thread.start()
+    return job.thread
+
+
 def _register_exit_cancel() -> None:
     """Cancel the running job when the main thread's code ends, before the interpreter stops that thread and
     joins the others (module docstring, "Exit"): `threading`'s own exit hook, the one `concurrent.futures` uses;
@@ -439,8 +476,8 @@ def _at_exit() -> None:
     global _exiting
     _exiting = True
     deadline = time.monotonic() + EXIT_WAIT_S
-    for job in list(_live_jobs):  # abandoned (timed-out) jobs first: their threads may still be in torch
-        if job.abandoned:
+    for job in list(_live_jobs):  # abandoned (timed-out) and side jobs first: their threads may still be in torch
+        if job.abandoned or job.node_ref() is None:
             _cancel(job)
     worker = _worker
     if worker is not None:

@@ -1,0 +1,114 @@
+"""A warm process loads torch's compiler while the program is still building its model.
+
+Why: a process whose JIT cache holds Inductor decisions (a second replica, the next deployment) rebuilds them
+on its first calls, and each rebuild first pays what torch pays once per process before any compile: importing
+Inductor (`torch._inductor.compile_fx`, with Triton where it is installed, and the C++ build helpers) and, for
+the CPU, Inductor's check of the vector instruction sets (test programs compiled and run in subprocesses).
+Measured on this project's 2-core CPU, Python 3.11: about 0.8 s of imports and 1 s of checks in a warm rebuild
+of 3.4 s; on the H100s the `torch.compile()` line, which is mostly that import, takes 3.4-4.7 s. A background
+job pays it between requests. None of it depends on the model, so it can run from the moment torch is
+imported, while the program builds its model and loads weights - the time torch.compile's user spends before
+the `torch.compile()` line.
+
+How: `start()` (from `switch.enable`, on the thread that imported torch) looks for a decision to build an Inductor
+backend taken with this torch, Python and aitune (`wanted_devices`); if there is one, a side job of the worker
+(`worker.start_side_job`: it steps aside while requests are served and is cancelled when the program ends)
+imports those modules and, for a CPU decision, runs the instruction-set check. Nothing touches a GPU: no CUDA
+context is made here (the program picks its device). Nothing is patched: the identity graph module that the
+worker primes (`prime_inductor_without_fx_patching`, which swaps `torch.fx.symbolic_trace` for a moment) is
+left to the first job, since the program may be tracing its own model now. A failure is logged at DEBUG; the
+job imports the same later. `AITUNE_WORKER_PREFETCH=off` turns it off.
+
+Imports on two threads are safe in Python (each module has its own import lock, so a module both threads need is
+imported once, and the other thread waits for it); the program may wait for a module this thread is importing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from aitune_core.checkpoint.manifest import versions
+from aitune_core.decision_store import Decision
+from aitune_jit import decisions, worker
+from aitune_jit.config import jit_config
+from aitune_jit.worker_env import env_choice
+
+_logger = logging.getLogger("aitune.jit")
+
+#: what a first Inductor compile imports (the module torch.compile's line imports, and the C++ build helpers)
+MODULES = ("torch._inductor.compile_fx", "torch.utils.cpp_extension")
+#: decision files looked at, newest first (a large shared cache folder is not read whole at start-up)
+MAX_SCANNED = 64
+INDUCTOR_BACKEND = "TorchInductorBackend"
+
+_started = False
+
+
+def enabled() -> bool:
+    """`AITUNE_WORKER_PREFETCH`: on (default) or off."""
+    return env_choice("AITUNE_WORKER_PREFETCH", ("on", "off"), "on") == "on"
+
+
+def wanted_devices(entries: Iterable[Decision | None]) -> set[str]:
+    """Device types of the Inductor decisions among `entries` that this process could rebuild (same torch,
+    Python and aitune versions as here)."""
+    here = versions()
+    devices = set()
+    for decision in entries:
+        if decision is None or decision.kind != "backend" or decision.backend_type != INDUCTOR_BACKEND:
+            continue
+        environment = decision.environment
+        if all(environment.get(name) == value for name, value in here.items()):
+            devices.add(environment.get("device", ""))
+    return devices
+
+
+def _newest_decisions() -> list[Decision | None]:
+    store = decisions.store()
+    if not store.folder.is_dir():
+        return []
+    paths = sorted(store.folder.glob("*.json"), key=_mtime, reverse=True)[:MAX_SCANNED]
+    return [store.get(path.stem) for path in paths]
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # (removed meanwhile by another replica's `cache clear`)
+        return 0.0
+
+
+def start() -> bool:
+    """Start the prefetch once per process if the cache asks for it; True when started. Never raises."""
+    global _started
+    if _started or not enabled():
+        return False
+    _started = True
+    try:
+        if not jit_config.reuse_decisions:
+            return False
+        devices = wanted_devices(_newest_decisions())
+        if not devices:
+            return False
+        decisions.point_inductor_cache()  # (here, on the program's thread: the CPU check writes into that folder)
+        worker.start_side_job("compiler-prefetch", lambda: prefetch(devices))
+        return True
+    except Exception:
+        _logger.debug("the compiler prefetch did not start", exc_info=True)
+        return False
+
+
+def prefetch(devices: set[str]) -> None:
+    """Import what a first Inductor compile imports; for a CPU decision, run the instruction-set check."""
+    for name in MODULES:
+        importlib.import_module(name)
+    if "cpu" in devices:
+        from torch._inductor import cpu_vec_isa
+
+        cpu_vec_isa.valid_vec_isa_list()  # (cached for the process)
+    _logger.debug("compiler prefetched for %s (torch %s)", sorted(devices), torch.__version__)
