@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -241,3 +242,19 @@ def test_a_sibling_reusing_a_decision_is_not_probed_or_measured_again(monkeypatc
     assert four["measurements"] == one["measurements"]
     assert four["strategy_runs"] == 1 and four["probes"] == 1 and four["reused"] == 3
     assert four["builds"] == one["builds"] + 3  # the siblings build the chosen backend only
+
+
+def test_inductors_cache_folder_goes_under_the_cache_dir_and_follows_it_unless_someone_chose_one(
+        monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "-")  # (restored after the test)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setattr(decisions, "_pointed", None)
+    monkeypatch.setattr(jit_config, "cache_dir", str(tmp_path / "a"))
+    decisions.point_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "a" / "inductor")
+    monkeypatch.setattr(jit_config, "cache_dir", str(tmp_path / "b"))  # set by the script after start-up
+    decisions.point_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "b" / "inductor")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "theirs")  # the program's own choice is kept
+    decisions.point_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "theirs")
