@@ -1,29 +1,28 @@
-"""A warm process loads torch's compiler while the program is still building its model.
+"""A warm CPU process runs torch's once-per-process compiler set-up while the program builds its model.
 
-Why: a process whose JIT cache holds Inductor decisions (a second replica, the next deployment) rebuilds them
-on its first calls, and each rebuild first pays what torch pays once per process before any compile: importing
-Inductor (`torch._inductor.compile_fx`, with Triton where it is installed, and the C++ build helpers) and, for
-the CPU, Inductor's check of the vector instruction sets (test programs compiled and run in subprocesses).
-Measured on this project's 2-core CPU, Python 3.11: about 0.8 s of imports and 1 s of checks in a warm rebuild
-of 3.4 s; on the H100s the `torch.compile()` line, which is mostly that import, takes 3.4-4.7 s. A background
-job pays it between requests. None of it depends on the model, so it can run from the moment torch is
-imported, while the program builds its model and loads weights - the time torch.compile's user spends before
-the `torch.compile()` line.
+Why: a process whose JIT cache holds Inductor decisions for the CPU (a second replica, the next deployment)
+rebuilds them on its first calls, and each rebuild first pays what torch pays once per process before a CPU
+compile: Inductor's check of the vector instruction sets (test programs compiled and run in subprocesses, about
+1 s on this project's 2-core CPU) and importing Inductor (`torch._inductor.compile_fx` and the C++ build
+helpers, about 0.8 s). None of it depends on the model. The check mostly waits for its subprocesses, so it can
+run beside the program's own start-up and the job's imports instead of before them.
 
-How: `start()` (from `switch.enable`, on the thread that imported torch) looks for a decision to build an Inductor
-backend taken with this torch, Python and aitune (`wanted_devices`); if there is one, a side job of the worker
-(`worker.start_side_job`: it steps aside while requests are served and is cancelled when the program ends)
-runs, for a CPU decision, the instruction-set check, then imports those modules. On that CPU, where the serving
-test's script calls its model a moment after importing torch, a warm process was tuned after 3.25-3.45 s with
-the prefetch against 4.7-4.85 s without (three runs each, interleaved): the check's subprocesses left the GIL
-to the job's own imports. Nothing touches a GPU: no CUDA
-context is made here (the program picks its device). Nothing is patched: the identity graph module that the
-worker primes (`prime_inductor_without_fx_patching`, which swaps `torch.fx.symbolic_trace` for a moment) is
-left to the first job, since the program may be tracing its own model now. A failure is logged at DEBUG; the
-job imports the same later. `AITUNE_WORKER_PREFETCH=off` turns it off.
+How: `start()` (from `switch.enable`, on the thread that imported torch) looks for a CPU decision to build an
+Inductor backend taken with this torch, Python and aitune (`wanted_devices`); if there is one, a side job of the
+worker (`worker.start_side_job`: it steps aside while requests are served and is cancelled when the program
+ends) runs the check, then imports those modules. A failure is logged at DEBUG; the job does the same later.
+`AITUNE_WORKER_PREFETCH=off` turns it off. Nothing is patched: the identity graph module that the worker primes
+(`prime_inductor_without_fx_patching`, which swaps `torch.fx.symbolic_trace` for a moment) is left to the first
+job, since the program may be tracing its own model now.
 
-Imports on two threads are safe in Python (each module has its own import lock, so a module both threads need is
-imported once, and the other thread waits for it); the program may wait for a module this thread is importing.
+Measured: `tests/aitune_jit/scripts/serve_loop.py` on a warm cache (this CPU, Python 3.11, three interleaved runs
+each) was tuned 3.47-3.52 s after its first request with the prefetch against 4.72-5.17 s without, and the
+whole process took 7.0-7.3 s against 8.1-8.6 s.
+
+Why not for CUDA decisions: there the work is the import alone (3-4 s on the H100s, mostly Triton), which holds
+the GIL. On an H100 (ResNet-50 probe, `docs/benchmarks.md`) importing it in the background made the warm job 3 s
+shorter but the script's model set-up 3.2 s longer: the same time to tuned from the process start, and the first
+request 3 s later. A CUDA decision starts nothing here.
 """
 
 from __future__ import annotations
@@ -48,6 +47,8 @@ MODULES = ("torch._inductor.compile_fx", "torch.utils.cpp_extension")
 #: decision files looked at, newest first (a large shared cache folder is not read whole at start-up)
 MAX_SCANNED = 64
 INDUCTOR_BACKEND = "TorchInductorBackend"
+#: device types whose decisions start the prefetch (why not "cuda": module docstring)
+PREFETCHED_DEVICES = frozenset({"cpu"})
 
 _started = False
 
@@ -59,7 +60,7 @@ def enabled() -> bool:
 
 def wanted_devices(entries: Iterable[Decision | None]) -> set[str]:
     """Device types of the Inductor decisions among `entries` that this process could rebuild (same torch,
-    Python and aitune versions as here)."""
+    Python and aitune versions as here); `start` acts on "cpu" only (module docstring)."""
     here = versions()
     devices = set()
     for decision in entries:
@@ -95,7 +96,7 @@ def start() -> bool:
     try:
         if not jit_config.reuse_decisions:
             return False
-        devices = wanted_devices(_newest_decisions())
+        devices = wanted_devices(_newest_decisions()) & PREFETCHED_DEVICES
         if not devices:
             return False
         decisions.point_inductor_cache()  # (here, on the program's thread: the CPU check writes into that folder)

@@ -1,9 +1,8 @@
 """Issue acceptance (CPU): an unmodified serving loop under the env var, one request every 20 ms.
 
 - While the worker tunes, no request takes more than 1 s; the model reaches TUNED; outputs match eager.
-- A second process with the same AITUNE_JIT_CACHE_DIR reaches TUNED in about a fifth of the first one's
-  time-to-tuned (the decision is reused; Inductor's kernels come from its cache under that folder); see the
-  bound's comment.
+- A second process with the same AITUNE_JIT_CACHE_DIR reaches TUNED in at most a fifth of the first one's
+  time-to-tuned (the decision is reused; Inductor's kernels come from its cache under that folder).
 - A damaged cache entry is ignored with a warning; the model is tuned again and outputs stay right.
 - A script that ends while a job runs exits promptly, with its outputs, and says what was still tuning.
 
@@ -55,10 +54,10 @@ def test_serving_loop_tunes_in_the_background_and_a_second_process_reuses_the_ca
     ratio = second["time_to_tuned_s"] / first["time_to_tuned_s"]
     print(f"time to tuned: first {first['time_to_tuned_s']:.2f}s, second {second['time_to_tuned_s']:.2f}s "
           f"({ratio:.0%}); slowest request {first['slowest_s']:.3f}s / {second['slowest_s']:.3f}s")
-    # The issue asks for at most 20 %. On a 2-core CI machine the second process needs about 4 s whatever the first
-    # one spent: torch's floor for a warm-cache build (dynamo trace about 0.5 s, Inductor's cache load about 1.2 s,
-    # importing Inductor about 1 s), against 19-25 s cold; measured ratios 17-22 %. The bound here leaves that noise.
-    assert ratio <= 0.25, (first["time_to_tuned_s"], second["time_to_tuned_s"])
+    # The issue's bound. On this 2-core machine the second process needs about 3.5 s whatever the first one spent
+    # (dynamo's trace, Inductor's cache load and its once-per-process set-up, part of it run beside the program's
+    # start by aitune_jit/compiler_prefetch.py), against 21-24 s cold: measured 14-17 % at 0aba4eb.
+    assert ratio <= 0.20, (first["time_to_tuned_s"], second["time_to_tuned_s"])
 
     for entry in (cache / "decisions").glob("*.json"):  # a writer killed mid-file, as it would look without
         entry.write_text(entry.read_text()[:100])  # the atomic rename

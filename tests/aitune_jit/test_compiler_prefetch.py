@@ -1,5 +1,5 @@
-"""aitune_jit/compiler_prefetch.py: a process whose JIT cache holds an Inductor decision made here (same torch,
-Python, aitune) imports torch's compiler on a worker side job from `enable`; any other cache starts nothing;
+"""aitune_jit/compiler_prefetch.py: a process whose JIT cache holds a CPU Inductor decision made here (same torch,
+Python, aitune) runs torch's compiler set-up on a worker side job from `enable`; any other cache starts nothing;
 the side job steps aside like a job and is cancelled when the program ends."""
 
 from __future__ import annotations
@@ -67,6 +67,9 @@ def test_no_prefetch_without_a_usable_decision_or_when_turned_off(fresh, monkeyp
     assert compiler_prefetch.start() is False  # no cache folder yet
     compiler_prefetch._started = False
     DecisionStore(folder).put(_decision(torch="0.0.1"))  # another torch's decision
+    assert compiler_prefetch.start() is False
+    compiler_prefetch._started = False
+    DecisionStore(folder).put(_decision(key="12" * 32, device="cuda"))  # a GPU's: the import alone (docstring)
     assert compiler_prefetch.start() is False
     compiler_prefetch._started = False
     DecisionStore(folder).put(_decision(key="ef" * 32))
