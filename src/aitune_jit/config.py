@@ -12,6 +12,10 @@ name. Reading the environment never raises: in env-var mode the program must run
 in code is strict instead: every setter raises ConfigError for a wrong type or value.
 
 - `min_samples` [2]: recorded calls of one graph (input structure) before that graph is tuned.
+- `min_samples_varying` [8]: recorded calls before a graph is tuned when a non-batch axis of its inputs varied
+  among them (a sequence length): its shape ranges come from those calls, and two calls of a server's lengths
+  (32..128) gave a range that later calls fell outside of, then a second compile. Not for a node whose calls
+  change their arguments (a KV cache): each recorded call copies them on the serving thread.
 - `batch_axis_required` [False]: when True, a graph is tuned only once its recordings show a batch axis
   (the leading dimension varies between calls); until then the module keeps recording.
 - `max_depth_level` [2]: deepest level of the call tree whose modules may be tuned (root = 0).
@@ -234,6 +238,7 @@ def default_cache_dir() -> Path:
 # name -> (validator, default factory, parser of the environment variable's text or None)
 _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable[[str], Any] | None]] = {
     "min_samples": (_min_samples, lambda: 2, env_int),
+    "min_samples_varying": (_min_samples, lambda: 8, env_int),
     "batch_axis_required": (_bool, lambda: False, env_bool),
     "max_depth_level": (_non_negative_int, lambda: 2, env_int),
     "min_parameters": (_non_negative_int, lambda: 1000, env_int),
@@ -262,6 +267,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
 _BOOL_TEXT = "a boolean (1/0, true/false, yes/no, on/off)"
 _ACCEPTED: dict[str, str] = {
     "min_samples": "an integer >= 1",
+    "min_samples_varying": "an integer >= 1",
     "max_depth_level": "an integer >= 0",
     "min_parameters": "an integer >= 0",
     "skip_modules": "comma-separated class names",
@@ -303,6 +309,7 @@ class JitConfig:
     """Validated JIT options (see the module docstring); `jit_config` is the process-wide instance."""
 
     min_samples: int
+    min_samples_varying: int
     batch_axis_required: bool
     max_depth_level: int
     min_parameters: int

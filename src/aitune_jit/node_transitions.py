@@ -112,7 +112,7 @@ class NodeTransitions:
         done = ({spec.name for spec, _backend in self._entries} - self._growth.due - self._follow.upgrade) | set(
             self._failed)
         return [spec for spec in recorder.graph_specs
-                if spec.name not in done and missing_for_tuning(recorder, spec) is None]
+                if spec.name not in done and missing_for_tuning(recorder, spec, bool(self._stateful)) is None]
 
     def tuning_view(self) -> torch.nn.Module:
         """The `ForwardOnly` view of the module that strategies and backends get (made once per node)."""

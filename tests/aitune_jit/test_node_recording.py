@@ -69,3 +69,29 @@ def test_a_graph_is_ready_with_min_samples_and_a_batch_axis_where_required():
     assert missing_for_tuning(recorder, spec) == "batch axis"  # the same batch size twice: no axis seen vary
     jit_config.batch_axis_required = False
     assert missing_for_tuning(recorder, spec) is None
+
+
+def test_a_graph_whose_non_batch_axis_varies_waits_for_min_samples_varying():
+    """Varying lengths: the range comes from more calls, so later lengths fall inside it (no second compile)."""
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_jit.node_recording import missing_for_tuning
+
+    embed = torch.nn.Embedding(200, 8).eval()
+    recorder = GraphRecorder(embed.forward, name="embed")
+    jit_config.min_samples, jit_config.min_samples_varying = 2, 4
+    with torch.no_grad():
+        for length in (40, 90, 70):
+            ids = torch.randint(0, 200, (8, length))
+            spec = recorder.record((ids,), {}, embed(ids))
+            assert missing_for_tuning(recorder, spec) == "samples"
+        ids = torch.randint(0, 200, (8, 33))
+        spec = recorder.record((ids,), {}, embed(ids))
+    assert missing_for_tuning(recorder, spec) is None
+    assert spec.input_spec.tensors[0].min_shape[1] == 33 and spec.input_spec.tensors[0].max_shape[1] == 90
+
+    batches = GraphRecorder(embed.forward, name="batches")  # only the batch size varies: min_samples is enough
+    with torch.no_grad():
+        for batch in (2, 5):
+            ids = torch.randint(0, 200, (batch, 16))
+            spec = batches.record((ids,), {}, embed(ids))
+    assert missing_for_tuning(batches, spec) is None
