@@ -16,16 +16,16 @@ node, never half of it.
   GIL back quickly and keeps garbage collections small (`worker_courtesy.courteous`), and steps aside while a
   request is being served (`worker_yield`); with `AITUNE_WORKER_COMPILE=subprocess` Inductor's code generation
   runs in a compile process of its own (`worker_compile_process`).
-- Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut
-  short (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler).
-  When the main thread's code ends, the running job is cancelled (`TuningCancelled`, raised in its thread, sent
-  again while the thread runs on: `_join_cancelled`; held back while the thread captures a CUDA graph) and the
-  worker waits at most `EXIT_WAIT_S` for its thread to end; then the step-aside callback is removed. This runs
-  in `threading`'s exit hook, before the interpreter stops the main thread and joins the others (`atexit` where
-  that hook is missing): a job thread still running Python there crashed the process (SIGSEGV in the main
-  thread at the start of `threading.Thread._stop`, 3 of 5 serving processes on an H100, Python 3.12.3, while the
-  job traced with dynamo), and one still inside torch's C++ code when the interpreter finalizes aborts it
-  ("terminate called without an active exception"). The exit summary lists what was still tuning.
+- Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut short
+  (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler). When the main
+  thread's code ends, the running job is cancelled (`job_cancel`: `TuningCancelled`, raised at its thread's next
+  function start, then asynchronously if it runs on; held back while the thread captures a CUDA graph) and the
+  worker waits at most `EXIT_WAIT_S` for its thread to end; then the step-aside callback is removed. This runs in
+  `threading`'s exit hook, before the interpreter stops the main thread and joins the others (`atexit` where that
+  hook is missing): a job thread still running Python there crashed the process (SIGSEGV in the main thread at the
+  start of `threading.Thread._stop`, 3 of 5 serving processes on an H100, Python 3.12.3, while the job traced with
+  dynamo), and one still inside torch's C++ code when the interpreter finalizes aborts it ("terminate called without
+  an active exception"). The exit summary lists what was still tuning.
 - A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
   that were queued in the parent stay eager.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
@@ -38,7 +38,6 @@ import collections
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -50,6 +49,7 @@ import torch
 
 from aitune_jit import capture_guard, py_start_gate
 from aitune_jit.config import jit_config
+from aitune_jit.job_cancel import TuningCancelled, cancel, join_cancelled
 from aitune_jit.outcome import TuningOutcome
 from aitune_jit.state import NodeState
 from aitune_jit.tuning_order import expected_gain, pick_next
@@ -66,7 +66,7 @@ EXIT_WAIT_S = 5.0
 
 
 class _Job:
-    __slots__ = ("abandoned", "gain", "node_ref", "path", "started", "thread")
+    __slots__ = ("abandoned", "cancel_sent", "gain", "gate", "node_ref", "path", "started", "thread")
 
     def __init__(self, node: Any) -> None:
         self.node_ref: Callable[[], Any] = weakref.ref(node)
@@ -75,20 +75,16 @@ class _Job:
         self.abandoned = False
         self.started: float | None = None
         self.thread: threading.Thread | None = None
+        self.gate: Any = None  # its step-aside gate while it runs (`job_cancel` cancels through it)
+        self.cancel_sent: float | None = None
 
     @classmethod
     def side(cls, name: str) -> _Job:
         """A job that tunes no node (`start_side_job`): only its thread, for the exit cancel."""
         job = cls.__new__(cls)
         job.node_ref, job.path, job.gain = type(None), name, 0.0  # (node_ref() is None)
-        job.abandoned, job.started, job.thread = False, None, None
+        job.abandoned, job.started, job.thread, job.gate, job.cancel_sent = False, None, None, None, None
         return job
-
-
-class TuningCancelled(BaseException):
-    """Raised inside a job thread at interpreter exit (`cancel_running`): a BaseException, so the compiler's
-    `except Exception` handlers let it through and the thread leaves torch's code before the interpreter
-    finalizes (a daemon thread still inside torch's C++ then aborts the process)."""
 
 
 _local = threading.local()
@@ -154,8 +150,8 @@ class TuningWorker:
             current = self._current
         deadline = time.monotonic() + wait_s
         if current is not None:
-            _cancel(current)
-            _join_cancelled(current, deadline)
+            cancel(current)
+            join_cancelled(current, deadline)
         self.wait(max(0.0, deadline - time.monotonic()))
         return ([current.path] if current is not None else []) + left
 
@@ -214,7 +210,7 @@ class TuningWorker:
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
             gate = steps_aside(capture_guard.capturing_here)  # (waits from the start)
-            with gate, _own_stream(node), courteous(), compiles_in_subprocess():
+            with gate as job.gate, _own_stream(node), courteous(), compiles_in_subprocess():
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)
@@ -276,73 +272,6 @@ def prime_inductor_without_fx_patching() -> None:
             torch.fx.symbolic_trace = saved
     except Exception:  # another torch: nothing to prime
         _logger.debug("could not prime Inductor's identity graph module", exc_info=True)
-
-
-def _cancel(job: _Job) -> None:
-    """Abandon `job` and raise `TuningCancelled` in its thread at its next Python instruction."""
-    job.abandoned = True
-    thread = job.thread
-    if thread is None or thread.ident is None or not thread.is_alive():
-        return
-    _catch_unraisable_cancels()
-    if not _raise_cancel(thread.ident):
-        _logger.debug("could not cancel the tuning job of %s", job.path)
-
-
-#: while waiting for a cancelled job's thread, the cancel is sent again this often (seconds)
-CANCEL_RESEND_S = 0.2
-
-
-def _join_cancelled(job: _Job, deadline: float) -> None:
-    """Wait until `deadline` for a cancelled job's thread to end, sending the cancel again while it runs on: a
-    cancel that landed where Python cannot propagate it (`_catch_unraisable_cancels`) was dropped there."""
-    thread = job.thread
-    while thread is not None and thread.is_alive():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        thread.join(min(CANCEL_RESEND_S, left))
-        if thread.is_alive() and thread.ident is not None:
-            _raise_cancel(thread.ident)
-
-
-def _raise_cancel(ident: int) -> bool:
-    """Raise `TuningCancelled` in thread `ident` - unless it is capturing a CUDA graph: an exception there ends the
-    capture half-way inside torch's CUDA-graph bookkeeping; the cancel is sent again a moment later instead
-    (`_join_cancelled`). True when sent or deferred."""
-    if capture_guard.capturing_in(ident):
-        _logger.debug("the tuning job is capturing a CUDA graph: the cancel waits for the capture to end")
-        return True
-    try:
-        import ctypes
-
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(TuningCancelled))
-    except Exception:  # no ctypes: the bounded wait is all there is
-        return False
-    return True
-
-
-_previous_unraisablehook: Callable[[Any], Any] | None = None
-
-
-def _catch_unraisable_cancels() -> None:
-    """The cancel lands at whatever Python instruction the job thread runs next - sometimes a weakref callback or
-    a `__del__` (importlib's module-lock callback, seen on this project's CPU), where Python cannot propagate it:
-    it would print "Exception ignored in ..." and a traceback on the program's stderr. `sys.unraisablehook` drops
-    such a cancel quietly (installed by every cancel unless it is in place; other unraisable exceptions go to the
-    hook that was there), and the thread waiting for the job sends it again (`_join_cancelled`)."""
-    global _previous_unraisablehook
-    if sys.unraisablehook is not _unraisable_cancel:  # (again if someone replaced it since)
-        _previous_unraisablehook = sys.unraisablehook
-        sys.unraisablehook = _unraisable_cancel
-
-
-def _unraisable_cancel(unraisable: Any) -> None:
-    if unraisable.exc_type is TuningCancelled:
-        _logger.debug("a cancelled tuning job's TuningCancelled landed in %r; it is sent again", unraisable.object)
-        return
-    previous = _previous_unraisablehook or sys.__unraisablehook__
-    previous(unraisable)
 
 
 def sync_stream() -> None:
@@ -434,7 +363,7 @@ def start_side_job(name: str, task: Callable[[], None]) -> threading.Thread:
     def body() -> None:
         _local.job = job
         try:
-            with steps_aside():
+            with steps_aside() as job.gate:
                 task()
         except Exception:
             _logger.debug("%s failed", name, exc_info=True)
@@ -478,14 +407,14 @@ def _at_exit() -> None:
     deadline = time.monotonic() + EXIT_WAIT_S
     for job in list(_live_jobs):  # abandoned (timed-out) and side jobs first: their threads may still be in torch
         if job.abandoned or job.node_ref() is None:
-            _cancel(job)
+            cancel(job)
     worker = _worker
     if worker is not None:
         for path in worker.stop(EXIT_WAIT_S):
             if path not in _unfinished:
                 _unfinished.append(path)
     for job in list(_live_jobs):
-        _join_cancelled(job, deadline)
+        join_cancelled(job, deadline)
     py_start_gate.remove()  # (a thread still in torch's C++ code keeps no callback on every function start)
 
 

@@ -65,6 +65,7 @@ _inflight = 0  # requests being served now, all threads
 _waiting = 0  # job threads waiting for the requests to end
 _gates: dict[int, _StepAside] = {}  # job thread -> its gate, while it runs under the monitoring callback
 _jobs = 0  # job threads inside `steps_aside` (either gate)
+_cancelling = 0  # gates asked to raise in their threads (`_StepAside.cancel`): while any is, every gate call checks
 
 
 def request_started() -> None:
@@ -120,16 +121,55 @@ class _StepAside:
         self.free_until = 0.0
         self.waited_s = 0.0
         self.waits = 0
+        self.active = False  # installed (between `_gated`'s start and end)
+        self.cancel_with: type[BaseException] | None = None
+        self.cancel_raised = False  # a cancel was raised here: the thread is unwinding
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        if _inflight:
-            self.check()
+        if _inflight or _cancelling:
+            self.check(event == "call")
 
-    def check(self) -> None:
+    def check(self, at_call: bool = True) -> None:
+        if self.cancel_with is not None and at_call and not self.paused_by():
+            self._raise_cancel()
+        if not _inflight:
+            return
         if (self.free_until and time.monotonic() < self.free_until) or timing_now() or self.paused_by():
             return  # (a paused capture would hold up every device synchronization of the requests)
-        if _inflight:
-            self._wait()
+        self._wait()
+        if self.cancel_with is not None and not self.paused_by():
+            self._raise_cancel()
+
+    def cancel(self, exc_type: type[BaseException]) -> bool:
+        """Raise `exc_type` in the gated thread once, at its next Python function start (not while it captures a
+        CUDA graph: `paused_by`). False when the gate is not installed. Why not an asynchronous exception
+        (`PyThreadState_SetAsyncExc`): that one lands between any two bytecodes, inside the `finally` blocks of
+        torch's code and of the thread's own teardown; one raised where a function starts is what that function
+        would raise itself, and the cleanup code that runs while it unwinds runs whole."""
+        global _cancelling
+        with _cond:
+            if not self.active:
+                return False
+            if self.cancel_with is None:
+                _cancelling += 1
+            self.cancel_with = exc_type
+            _cond.notify_all()  # (a gate waiting for requests to end raises at once)
+        return True
+
+    def _raise_cancel(self) -> None:
+        exc_type = self.withdraw_cancel()
+        if exc_type is not None:
+            self.cancel_raised = True
+            raise exc_type
+
+    def withdraw_cancel(self) -> type[BaseException] | None:
+        """Drop a cancel not raised yet (returned; None when there was none)."""
+        global _cancelling
+        with _cond:
+            exc_type, self.cancel_with = self.cancel_with, None
+            if exc_type is not None:
+                _cancelling -= 1
+        return exc_type
 
     def _wait(self) -> None:
         global _waiting
@@ -137,7 +177,7 @@ class _StepAside:
         with _cond:
             _waiting += 1
             try:
-                idle = _cond.wait_for(lambda: _inflight == 0, self.max_wait)
+                idle = _cond.wait_for(lambda: _inflight == 0 or self.cancel_with is not None, self.max_wait)
             finally:
                 _waiting -= 1
         now = time.monotonic()
@@ -147,8 +187,9 @@ class _StepAside:
 
 
 def _on_function_start(code: Any, offset: int) -> None:
-    """The monitoring callback, on every thread: only a job thread, and only while a request runs, goes further."""
-    if _inflight:
+    """The monitoring callback, on every thread: only a job thread, and only while a request runs (or its job is
+    being cancelled), goes further."""
+    if _inflight or _cancelling:
         gate = _gates.get(threading.get_ident())
         if gate is not None:
             try:
@@ -187,9 +228,11 @@ def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
     if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
         gate.mechanism = "monitoring"
         _gates[ident] = gate
+        gate.active = True
         try:
             yield gate
         finally:
+            _deactivate(gate)
             _gates.pop(ident, None)
             py_start_gate.release()
             _log(gate)
@@ -200,11 +243,20 @@ def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
         yield None
         return
     put(gate)
+    gate.active = True
     try:
         yield gate
     finally:
+        _deactivate(gate)
         put(None)
         _log(gate)
+
+
+def _deactivate(gate: _StepAside) -> None:
+    """The gate is leaving: a cancel not raised yet is dropped (the caller falls back on its own means)."""
+    with _cond:
+        gate.active = False
+    gate.withdraw_cancel()
 
 
 def _log(gate: _StepAside) -> None:

@@ -210,20 +210,6 @@ def test_a_cancel_that_lands_in_a_weakref_callback_is_quiet_and_still_ends_the_j
     assert "Traceback" not in capfd.readouterr().err
 
 
-def test_other_unraisable_exceptions_reach_the_previous_hook(monkeypatch):
-    seen = []
-    monkeypatch.setattr(worker, "_previous_unraisablehook", seen.append)
-
-    class Unraisable:
-        def __init__(self, exc_type):
-            self.exc_type, self.object = exc_type, None
-
-    worker._unraisable_cancel(Unraisable(worker.TuningCancelled))  # ours: dropped
-    other = Unraisable(ValueError)
-    worker._unraisable_cancel(other)
-    assert seen == [other]
-
-
 def test_at_exit_an_abandoned_job_still_running_is_cancelled_too(background):
     """A timed-out job's thread keeps running after its node went eager; at exit it is cancelled like the current
     one, so no thread is left inside torch when the interpreter finalizes."""
@@ -360,7 +346,8 @@ def test_the_exit_cancel_waits_for_a_cuda_graph_capture_to_end(background, monke
         tuning, job = _start_job(capture_then_compile, lambda: seen)
         assert tuning.stop(wait_s=5.0) == ["MLP"]
         assert not job.thread.is_alive()
-        assert seen == ["capturing", "captured", "cancelled after"]
+        # raised at the first function start after the capture (inside capture_end's bookkeeping, or later)
+        assert seen[0] == "capturing" and "cancelled inside the capture" not in seen
     finally:
         capture_guard.uninstall()
 

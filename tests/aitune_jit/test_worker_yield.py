@@ -126,7 +126,7 @@ def test_the_trace_function_is_called_at_python_calls_only(monkeypatch, gate_nam
     monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", gate_name)
     seen = []
     with wy.steps_aside() as gate:
-        gate.check = lambda: seen.append(1)  # (called from the gate, where this thread raises no events)
+        gate.check = lambda at_call=True: seen.append(1)  # (called from the gate: this thread raises no events)
         wy._inflight = 1  # a request in flight, set without a Python call
         try:
             _tick()
@@ -332,3 +332,34 @@ def test_a_tuned_nodes_call_is_a_request_while_a_job_steps_aside(monkeypatch):
         _finish(job)
     run(model, [2])
     assert seen == [0, 1, 0] and wy.requests_in_flight() == 0
+
+
+class _Stop(BaseException):
+    pass
+
+
+def test_a_cancel_is_raised_once_at_the_next_function_start_under_each_gate(monkeypatch, mechanism):
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "25")
+    outcome = []
+    ready = threading.Event()
+
+    def run() -> None:
+        with wy.steps_aside() as gate:
+            outcome.append(gate)
+            ready.set()
+            try:
+                while True:
+                    _tick()
+            except _Stop:
+                for _ in range(3):
+                    _tick()  # the unwinding's own calls: raised once only
+                outcome.append("stopped")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(5)
+    gate = outcome[0]
+    assert gate.cancel(_Stop) is True
+    thread.join(5)
+    assert not thread.is_alive() and outcome[1:] == ["stopped"] and gate.cancel_raised
+    assert wy._cancelling == 0 and gate.cancel(_Stop) is False  # (the gate is gone with its job)

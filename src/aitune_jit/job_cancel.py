@@ -1,0 +1,136 @@
+"""Cancelling a background job's thread when the program ends.
+
+Why: a daemon thread still inside torch's C++ code when the interpreter finalizes aborts the process ("terminate
+called without an active exception"), and one still running Python while the interpreter stops the main thread
+crashed it (worker.py, "Exit"). So the worker cancels a running job before that and waits a bounded time.
+
+How, in order:
+
+1. At the job thread's next Python function start: the job's step-aside gate raises `TuningCancelled` there, once
+   (`worker_yield._StepAside.cancel`). That is where the function itself could have raised, so the `finally`
+   blocks and context managers it unwinds through (dynamo's, Inductor's, `threading`'s) run whole. Not while the
+   thread captures a CUDA graph (an exception there ends the capture half-way inside torch's bookkeeping).
+2. If that cancel has not been raised `COOPERATIVE_WAIT_S` later (a job without a gate, a thread inside a long C
+   call or a loop that calls no Python function), or the thread still runs `UNWIND_WAIT_S` after it was raised
+   (a cancel swallowed), an asynchronous exception (`PyThreadState_SetAsyncExc`), which Python raises at the
+   thread's next bytecode wherever that is; sent again every `CANCEL_RESEND_S` while the thread runs, since one
+   that lands in a weakref callback or a `__del__` is dropped there (`_catch_unraisable_cancels`), and held back
+   while the thread captures a CUDA graph. A thread that is unwinding from the first cancel is not sent one
+   within `UNWIND_WAIT_S`: it would land in the cleanup code.
+
+The asynchronous exception was the only means until the H100 runs of 0412031: a cold ResNet-50 serving process
+then crashed at exit (SIGSEGV at the first line of `threading.Thread._stop` in the worker's supervisor, right
+after the cancelled job thread ended), 1 of 5 processes since the cancel moved before the main thread's stop;
+the cancel landing inside torch's or `threading`'s cleanup is one explanation that fits, not a proven one.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from aitune_jit import capture_guard
+
+_logger = logging.getLogger("aitune.jit")
+
+#: a cancel raised at a function start gets this long before the asynchronous exception follows (seconds)
+COOPERATIVE_WAIT_S = 0.5
+#: a thread unwinding from a cancel raised at a function start gets this long before an asynchronous one (seconds)
+UNWIND_WAIT_S = 2.0
+#: while waiting for a cancelled job's thread, the asynchronous cancel is sent again this often (seconds)
+CANCEL_RESEND_S = 0.2
+
+
+class TuningCancelled(BaseException):
+    """Raised inside a job thread when the program ends: a BaseException, so the compiler's `except Exception`
+    handlers let it through and the thread leaves torch's code before the interpreter finalizes."""
+
+
+class CancellableJob(Protocol):
+    abandoned: bool
+    path: str
+    thread: Any  # threading.Thread | None
+    gate: Any  # the job's step-aside gate (worker_yield._StepAside) while it runs, else None
+    cancel_sent: float | None
+
+
+def cancel(job: CancellableJob) -> None:
+    """Abandon `job` and cancel its thread (module docstring, step 1; step 2 where the thread has no gate)."""
+    job.abandoned = True
+    thread = job.thread
+    if thread is None or thread.ident is None or not thread.is_alive():
+        return
+    if job.cancel_sent is None:
+        job.cancel_sent = time.monotonic()
+    gate = job.gate
+    if gate is not None and gate.cancel(TuningCancelled):
+        return
+    _send_async(job)
+
+
+def join_cancelled(job: CancellableJob, deadline: float) -> None:
+    """Wait until `deadline` for a cancelled job's thread to end; past `COOPERATIVE_WAIT_S`, send the asynchronous
+    cancel (again every `CANCEL_RESEND_S`) while it runs on."""
+    thread = job.thread
+    while thread is not None and thread.is_alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        thread.join(min(CANCEL_RESEND_S, left))
+        sent = job.cancel_sent if job.cancel_sent is not None else 0.0
+        gate = job.gate
+        unwinding = gate is not None and gate.cancel_raised
+        if thread.is_alive() and time.monotonic() - sent >= (UNWIND_WAIT_S if unwinding else COOPERATIVE_WAIT_S):
+            if gate is not None:
+                gate.withdraw_cancel()  # (it must not also raise while the asynchronous one unwinds)
+            _send_async(job)
+
+
+def _send_async(job: CancellableJob) -> None:
+    thread = job.thread
+    if thread is None or thread.ident is None or not thread.is_alive():
+        return
+    _catch_unraisable_cancels()
+    if not _raise_async(thread.ident):
+        _logger.debug("could not cancel the tuning job of %s", job.path)
+
+
+def _raise_async(ident: int) -> bool:
+    """Raise `TuningCancelled` in thread `ident` - unless it is capturing a CUDA graph (sent again a moment later by
+    `join_cancelled`). True when sent or deferred."""
+    if capture_guard.capturing_in(ident):
+        _logger.debug("the tuning job is capturing a CUDA graph: the cancel waits for the capture to end")
+        return True
+    try:
+        import ctypes
+
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(TuningCancelled))
+    except Exception:  # no ctypes: the bounded wait is all there is
+        return False
+    return True
+
+
+_previous_unraisablehook: Callable[[Any], Any] | None = None
+
+
+def _catch_unraisable_cancels() -> None:
+    """An asynchronous cancel lands at whatever Python instruction the job thread runs next - sometimes a weakref
+    callback or a `__del__` (importlib's module-lock callback, seen on this project's CPU), where Python cannot
+    propagate it: it would print "Exception ignored in ..." and a traceback on the program's stderr.
+    `sys.unraisablehook` drops such a cancel quietly (installed by every cancel unless it is in place; other
+    unraisable exceptions go to the hook that was there), and `join_cancelled` sends it again."""
+    global _previous_unraisablehook
+    if sys.unraisablehook is not _unraisable_cancel:  # (again if someone replaced it since)
+        _previous_unraisablehook = sys.unraisablehook
+        sys.unraisablehook = _unraisable_cancel
+
+
+def _unraisable_cancel(unraisable: Any) -> None:
+    if unraisable.exc_type is TuningCancelled:
+        _logger.debug("a cancelled tuning job's TuningCancelled landed in %r; it is sent again", unraisable.object)
+        return
+    previous = _previous_unraisablehook or sys.__unraisablehook__
+    previous(unraisable)

@@ -1,0 +1,123 @@
+"""aitune_jit/job_cancel.py: a job thread is cancelled at its next Python function start through its step-aside
+gate, once, never while it captures a CUDA graph; a thread that starts no Python function gets the asynchronous
+cancel after COOPERATIVE_WAIT_S, and the gate's pending cancel is withdrawn then; unraisable cancels are quiet."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from aitune_jit import job_cancel
+from aitune_jit import worker_yield as wy
+from aitune_jit.job_cancel import TuningCancelled
+
+
+def _step() -> int:
+    return sum(range(50))
+
+
+class _Thread(threading.Thread):
+    """A job thread under `steps_aside`: loops on `work` until cancelled, then runs `cleanup` (Python calls)."""
+
+    def __init__(self, work, paused_by=wy._never) -> None:
+        super().__init__(daemon=True)
+        self.work, self.paused_by = work, paused_by
+        self.seen: list[str] = []
+        self.job = SimpleNamespace(abandoned=False, path="job", thread=self, gate=None, cancel_sent=None)
+        self.ready = threading.Event()
+
+    def run(self) -> None:
+        with wy.steps_aside(self.paused_by) as gate:
+            self.job.gate = gate
+            self.ready.set()
+            try:
+                while True:
+                    self.work()
+            except TuningCancelled:
+                self.seen.append("cancelled")
+                for _ in range(3):
+                    _step()  # cleanup that calls Python functions runs whole: the cancel is raised once
+                self.seen.append("cleaned up")
+
+
+@pytest.fixture
+def gated(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "25")
+    sent = []
+    monkeypatch.setattr(job_cancel, "_raise_async", lambda ident: sent.append(ident) or True)
+    return sent
+
+
+def _started(thread: _Thread) -> _Thread:
+    thread.start()
+    assert thread.ready.wait(5)
+    return thread
+
+
+def test_a_job_that_calls_python_functions_is_cancelled_at_one_of_their_starts(gated):
+    thread = _started(_Thread(_step))
+    begin = time.monotonic()
+    job_cancel.cancel(thread.job)
+    job_cancel.join_cancelled(thread.job, time.monotonic() + 5)
+    assert not thread.is_alive() and thread.seen == ["cancelled", "cleaned up"]
+    assert time.monotonic() - begin < job_cancel.COOPERATIVE_WAIT_S and gated == []  # no asynchronous exception
+    assert thread.job.abandoned and wy._cancelling == 0
+
+
+def test_a_thread_that_starts_no_python_function_gets_the_asynchronous_cancel_and_the_gate_forgets_its_own(gated):
+    inside = threading.Event()
+
+    def busy() -> None:  # (entered before the cancel: inside it no Python function starts)
+        inside.set()
+        while not gated:
+            sum(range(50))
+        raise TuningCancelled  # what the asynchronous exception would have done
+
+    thread = _started(_Thread(busy))
+    assert inside.wait(5)
+    job_cancel.cancel(thread.job)
+    job_cancel.join_cancelled(thread.job, time.monotonic() + 5)
+    assert gated and not thread.is_alive() and thread.seen == ["cancelled", "cleaned up"]
+    assert wy._cancelling == 0  # withdrawn before the asynchronous one was sent
+
+
+def test_no_cancel_is_raised_while_the_thread_captures_a_cuda_graph(gated):
+    capturing = threading.Event()
+    capturing.set()
+    thread = _started(_Thread(_step, paused_by=capturing.is_set))
+    job_cancel.cancel(thread.job)
+    time.sleep(0.1)
+    assert thread.is_alive() and thread.seen == []  # held back during the capture
+    capturing.clear()
+    job_cancel.join_cancelled(thread.job, time.monotonic() + 5)
+    assert not thread.is_alive() and thread.seen == ["cancelled", "cleaned up"]
+
+
+def test_a_job_without_a_gate_gets_the_asynchronous_cancel_at_once(monkeypatch):
+    sent = []
+    monkeypatch.setattr(job_cancel, "_raise_async", lambda ident: sent.append(ident) or True)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    job = SimpleNamespace(abandoned=False, path="job", thread=thread, gate=None, cancel_sent=None)
+    job_cancel.cancel(job)
+    assert sent == [thread.ident] and job.abandoned
+    stop.set()
+    thread.join(5)
+
+
+def test_other_unraisable_exceptions_reach_the_previous_hook(monkeypatch):
+    seen = []
+    monkeypatch.setattr(job_cancel, "_previous_unraisablehook", seen.append)
+
+    class Unraisable:
+        def __init__(self, exc_type):
+            self.exc_type, self.object = exc_type, None
+
+    job_cancel._unraisable_cancel(Unraisable(TuningCancelled))  # ours: dropped
+    other = Unraisable(ValueError)
+    job_cancel._unraisable_cancel(other)
+    assert seen == [other]
