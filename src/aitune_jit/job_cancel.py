@@ -55,13 +55,14 @@ class CancellableJob(Protocol):
     thread: Any  # threading.Thread | None
     gate: Any  # the job's step-aside gate (worker_yield._StepAside) while it runs, else None
     cancel_sent: float | None
+    finished: Any  # threading.Event: set when the job's body has returned
 
 
 def cancel(job: CancellableJob) -> None:
     """Abandon `job` and cancel its thread (module docstring, step 1; step 2 where the thread has no gate)."""
     job.abandoned = True
     thread = job.thread
-    if thread is None or thread.ident is None or not thread.is_alive():
+    if thread is None or thread.ident is None or job.finished.is_set():
         return
     if job.cancel_sent is None:
         job.cancel_sent = time.monotonic()
@@ -72,18 +73,23 @@ def cancel(job: CancellableJob) -> None:
 
 
 def join_cancelled(job: CancellableJob, deadline: float) -> None:
-    """Wait until `deadline` for a cancelled job's thread to end; past `COOPERATIVE_WAIT_S`, send the asynchronous
-    cancel (again every `CANCEL_RESEND_S`) while it runs on."""
-    thread = job.thread
-    while thread is not None and thread.is_alive():
+    """Wait until `deadline` for a cancelled job's body to return; past `COOPERATIVE_WAIT_S`, send the asynchronous
+    cancel (again every `CANCEL_RESEND_S`) while it runs on. It waits on the job's `finished` event and never joins
+    or polls the thread (`Thread.join` / `is_alive`): the worker's supervisor is already joining it, and two threads
+    joining one thread as it ends race in `threading` (cpython issue 116372, fixed in 3.13); both crashes at exit
+    since 8fbfdcc were in `Thread._stop` with the main thread and the supervisor joining the cancelled thread."""
+    if job.thread is None:
+        return
+    while not job.finished.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
             return
-        thread.join(min(CANCEL_RESEND_S, left))
+        if job.finished.wait(min(CANCEL_RESEND_S, left)):
+            return
         sent = job.cancel_sent if job.cancel_sent is not None else 0.0
         gate = job.gate
         unwinding = gate is not None and gate.cancel_raised
-        if thread.is_alive() and time.monotonic() - sent >= (UNWIND_WAIT_S if unwinding else COOPERATIVE_WAIT_S):
+        if time.monotonic() - sent >= (UNWIND_WAIT_S if unwinding else COOPERATIVE_WAIT_S):
             if gate is not None:
                 gate.withdraw_cancel()  # (it must not also raise while the asynchronous one unwinds)
             _send_async(job)
@@ -91,7 +97,7 @@ def join_cancelled(job: CancellableJob, deadline: float) -> None:
 
 def _send_async(job: CancellableJob) -> None:
     thread = job.thread
-    if thread is None or thread.ident is None or not thread.is_alive():
+    if thread is None or thread.ident is None or job.finished.is_set():
         return
     _catch_unraisable_cancels()
     if not _raise_async(thread.ident):

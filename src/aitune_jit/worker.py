@@ -66,7 +66,7 @@ EXIT_WAIT_S = 5.0
 
 
 class _Job:
-    __slots__ = ("abandoned", "cancel_sent", "gain", "gate", "node_ref", "path", "started", "thread")
+    __slots__ = ("abandoned", "cancel_sent", "finished", "gain", "gate", "node_ref", "path", "started", "thread")
 
     def __init__(self, node: Any) -> None:
         self.node_ref: Callable[[], Any] = weakref.ref(node)
@@ -77,6 +77,7 @@ class _Job:
         self.thread: threading.Thread | None = None
         self.gate: Any = None  # its step-aside gate while it runs (`job_cancel` cancels through it)
         self.cancel_sent: float | None = None
+        self.finished = threading.Event()  # its body has returned (`job_cancel` waits on this, never joins)
 
     @classmethod
     def side(cls, name: str) -> _Job:
@@ -84,6 +85,7 @@ class _Job:
         job = cls.__new__(cls)
         job.node_ref, job.path, job.gain = type(None), name, 0.0  # (node_ref() is None)
         job.abandoned, job.started, job.thread, job.gate, job.cancel_sent = False, None, None, None, None
+        job.finished = threading.Event()
         return job
 
 
@@ -94,7 +96,7 @@ def abandoned() -> bool:
     """True in a job thread whose job was abandoned (timed out) or that outlived the program (the main thread
     finished: torch refuses new thread pools then): its outcome must be neither applied nor remembered."""
     job = getattr(_local, "job", None)
-    return job is not None and (job.abandoned or not threading.main_thread().is_alive())
+    return job is not None and (job.abandoned or _program_ended())
 
 
 class TuningWorker:
@@ -161,7 +163,7 @@ class TuningWorker:
             with self._cond:
                 while not self._queue and not self._stopping:
                     self._cond.wait()
-                if (self._stopping and not self._queue) or not threading.main_thread().is_alive():
+                if (self._stopping and not self._queue) or _program_ended():
                     return  # (at exit, `stop` reports and drops what is still queued)
                 index = pick_next([queued.gain for queued in self._queue])
                 job = self._queue[index]
@@ -219,6 +221,7 @@ class TuningWorker:
         finally:
             _local.job = None
             _live_jobs.discard(job)
+            job.finished.set()
 
 
 @contextlib.contextmanager
@@ -372,6 +375,7 @@ def start_side_job(name: str, task: Callable[[], None]) -> threading.Thread:
         finally:
             _local.job = None
             _live_jobs.discard(job)
+            job.finished.set()
 
     job.thread = threading.Thread(target=body, name=f"aitune-{name}", daemon=True)
     with _worker_lock:

@@ -26,7 +26,8 @@ class _Thread(threading.Thread):
         super().__init__(daemon=True)
         self.work, self.paused_by = work, paused_by
         self.seen: list[str] = []
-        self.job = SimpleNamespace(abandoned=False, path="job", thread=self, gate=None, cancel_sent=None)
+        self.job = SimpleNamespace(abandoned=False, path="job", thread=self, gate=None, cancel_sent=None,
+                                   finished=threading.Event())
         self.ready = threading.Event()
 
     def run(self) -> None:
@@ -41,6 +42,7 @@ class _Thread(threading.Thread):
                 for _ in range(3):
                     _step()  # cleanup that calls Python functions runs whole: the cancel is raised once
                 self.seen.append("cleaned up")
+        self.job.finished.set()
 
 
 @pytest.fixture
@@ -59,10 +61,14 @@ def _started(thread: _Thread) -> _Thread:
 
 def test_a_job_that_calls_python_functions_is_cancelled_at_one_of_their_starts(gated):
     thread = _started(_Thread(_step))
+    joins = []  # the worker's supervisor joins the job thread: the exit path must neither join nor poll it
+    thread.join = thread.is_alive = lambda *args: joins.append(args)
     begin = time.monotonic()
     job_cancel.cancel(thread.job)
     job_cancel.join_cancelled(thread.job, time.monotonic() + 5)
-    assert not thread.is_alive() and thread.seen == ["cancelled", "cleaned up"]
+    assert thread.job.finished.is_set() and thread.seen == ["cancelled", "cleaned up"] and joins == []
+    del thread.join, thread.is_alive
+    thread.join(5)
     assert time.monotonic() - begin < job_cancel.COOPERATIVE_WAIT_S and gated == []  # no asynchronous exception
     assert thread.job.abandoned and wy._cancelling == 0
 
@@ -102,7 +108,8 @@ def test_a_job_without_a_gate_gets_the_asynchronous_cancel_at_once(monkeypatch):
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait, daemon=True)
     thread.start()
-    job = SimpleNamespace(abandoned=False, path="job", thread=thread, gate=None, cancel_sent=None)
+    job = SimpleNamespace(abandoned=False, path="job", thread=thread, gate=None, cancel_sent=None,
+                          finished=threading.Event())
     job_cancel.cancel(job)
     assert sent == [thread.ident] and job.abandoned
     stop.set()
