@@ -18,10 +18,11 @@ How, in order:
    while the thread captures a CUDA graph. A thread that is unwinding from the first cancel is not sent one
    within `UNWIND_WAIT_S`: it would land in the cleanup code.
 
-The asynchronous exception was the only means until the H100 runs of 0412031: a cold ResNet-50 serving process
-then crashed at exit (SIGSEGV at the first line of `threading.Thread._stop` in the worker's supervisor, right
-after the cancelled job thread ended), 1 of 5 processes since the cancel moved before the main thread's stop;
-the cancel landing inside torch's or `threading`'s cleanup is one explanation that fits, not a proven one.
+Not solved: a cold ResNet-50 serving process on an H100 (Python 3.12.3) sometimes still crashes at exit with
+SIGSEGV at the start of `threading.Thread._stop`, in the worker's supervisor, right after the cancelled job
+thread ended: 1 of 1 at 0412031 (asynchronous cancel only), 1 of 4 at 030f657 (cancel at a function start), 1 of
+5 at dd04a3c (and the exit path no longer joins the thread). The results are written before; the exit status is
+not 0. docs/benchmarks.md, "The crash at exit, continued".
 """
 
 from __future__ import annotations
@@ -76,8 +77,7 @@ def join_cancelled(job: CancellableJob, deadline: float) -> None:
     """Wait until `deadline` for a cancelled job's body to return; past `COOPERATIVE_WAIT_S`, send the asynchronous
     cancel (again every `CANCEL_RESEND_S`) while it runs on. It waits on the job's `finished` event and never joins
     or polls the thread (`Thread.join` / `is_alive`): the worker's supervisor is already joining it, and two threads
-    joining one thread as it ends race in `threading` (cpython issue 116372, fixed in 3.13); both crashes at exit
-    since 8fbfdcc were in `Thread._stop` with the main thread and the supervisor joining the cancelled thread."""
+    joining one thread as it ends race in `threading` (cpython issue 116372, fixed in 3.13)."""
     if job.thread is None:
         return
     while not job.finished.is_set():

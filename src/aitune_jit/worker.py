@@ -55,7 +55,7 @@ from aitune_jit.state import NodeState
 from aitune_jit.tuning_order import expected_gain, pick_next
 from aitune_jit.worker_compile_process import compiles_in_subprocess
 from aitune_jit.worker_courtesy import courteous
-from aitune_jit.worker_yield import steps_aside
+from aitune_jit.worker_yield import stand_down_monitoring, steps_aside
 
 if TYPE_CHECKING:
     from aitune_jit.outcome import TuningNode
@@ -408,6 +408,7 @@ _exiting = False
 def _at_exit() -> None:
     global _exiting
     _exiting = True
+    stand_down_monitoring()  # (before any cancel: see its docstring)
     deadline = time.monotonic() + EXIT_WAIT_S
     for job in list(_live_jobs):  # abandoned (timed-out) and side jobs first: their threads may still be in torch
         if job.abandoned or job.node_ref() is None:

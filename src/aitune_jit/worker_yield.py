@@ -252,6 +252,22 @@ def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
         _log(gate)
 
 
+def stand_down_monitoring() -> None:
+    """At exit, before the jobs are cancelled: the monitoring gates stop now and their callback is removed from
+    this thread (`py_start_gate.remove`), so a job thread unwinds from its cancel and ends with no monitoring
+    events on, and changes none itself as it ends (its `release` finds nothing to undo). Such a gate no longer
+    takes a cancel (`cancel` returns False: the caller falls back on the asynchronous exception). Why: on an H100
+    (Python 3.12.3) 3 of 10 cold ResNet-50 serving processes whose jobs were cancelled at exit under the monitoring
+    gate crashed (SIGSEGV at the start of `threading.Thread._stop`, right after the job thread ended), and none of
+    8 with no gate (`AITUNE_WORKER_YIELD_MS=0`); docs/benchmarks.md, "The crash at exit, continued"."""
+    with _cond:
+        gates = list(_gates.values())
+        _gates.clear()
+    for gate in gates:
+        _deactivate(gate)
+    py_start_gate.remove()
+
+
 def _deactivate(gate: _StepAside) -> None:
     """The gate is leaving: a cancel not raised yet is dropped (the caller falls back on its own means)."""
     with _cond:

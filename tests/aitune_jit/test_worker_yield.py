@@ -363,3 +363,22 @@ def test_a_cancel_is_raised_once_at_the_next_function_start_under_each_gate(monk
     thread.join(5)
     assert not thread.is_alive() and outcome[1:] == ["stopped"] and gate.cancel_raised
     assert wy._cancelling == 0 and gate.cancel(_Stop) is False  # (the gate is gone with its job)
+
+
+@monitoring_only
+def test_at_exit_the_monitoring_gates_stand_down_before_any_cancel(monkeypatch):
+    """The job then unwinds and ends with no monitoring events on, and its own release changes nothing."""
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "25")
+    monkeypatch.delenv("AITUNE_WORKER_YIELD_GATE", raising=False)
+    thread = _start(_Job())
+    try:
+        assert thread.gate.mechanism == "monitoring" and py_start_gate.installed()
+        wy.stand_down_monitoring()
+        assert not py_start_gate.installed() and not thread.gate.active
+        assert thread.gate.cancel(_Stop) is False  # (the caller sends the asynchronous exception instead)
+        counted = thread.count
+        time.sleep(0.05)
+        assert thread.count > counted  # the job runs on, ungated
+    finally:
+        _finish(thread)
+    assert not thread.is_alive() and not py_start_gate.installed()
