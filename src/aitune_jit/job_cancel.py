@@ -21,8 +21,10 @@ How, in order:
 Not solved: a cold ResNet-50 serving process on an H100 (Python 3.12.3) sometimes still crashes at exit with
 SIGSEGV at the start of `threading.Thread._stop`, in the worker's supervisor, right after the cancelled job
 thread ended: 1 of 1 at 0412031 (asynchronous cancel only), 1 of 4 at 030f657 (cancel at a function start), 1 of
-5 at dd04a3c (and the exit path no longer joins the thread). The results are written before; the exit status is
-not 0. docs/benchmarks.md, "The crash at exit, continued".
+5 at dd04a3c (and the exit path no longer joins the thread), against 0 of 8 with no step-aside gate. Since
+928e0d1 the monitoring gates stand down at exit before any cancel (`worker_yield.stand_down_monitoring`), so on
+Python 3.12+ step 1 does not apply there and the asynchronous exception cancels the job; not yet measured on a
+GPU. docs/benchmarks.md, "The crash at exit, continued".
 """
 
 from __future__ import annotations
