@@ -85,6 +85,11 @@ def join_cancelled(job: CancellableJob, deadline: float) -> None:
     while not job.finished.is_set():
         left = deadline - time.monotonic()
         if left <= 0:
+            gate = job.gate
+            if gate is None or not gate.cancel_raised:  # (the last chance: never leave it with no cancel at all)
+                if gate is not None:
+                    gate.withdraw_cancel()
+                _send_async(job)
             return
         if job.finished.wait(min(CANCEL_RESEND_S, left)):
             return

@@ -185,7 +185,7 @@ class NodeRecording:
                           f"tuned ranges; tuning it again over {_ranges(spec)}")
                 self._pending = True
             return
-        missing = missing_for_tuning(recorder, spec, bool(self._stateful))
+        missing = missing_for_tuning(recorder, spec, varying_waits=not self._stateful)
         if missing == "samples":
             return
         if missing == "batch axis":
@@ -262,16 +262,19 @@ def _never_repeats(recorder: GraphRecorder) -> bool:
     return calls >= NEW_LAYOUT_CALLS and len(recorder.graph_specs) == calls
 
 
-def missing_for_tuning(recorder: GraphRecorder, spec: GraphSpec, stateful: bool = False) -> str | None:
+def missing_for_tuning(recorder: GraphRecorder, spec: GraphSpec, varying_waits: bool = True) -> str | None:
     """What graph `spec` still lacks before it may be tuned: "samples" (fewer than `min_samples`, or than
-    `min_samples_varying` once a non-batch axis varied - unless the node is `stateful`: each of its recorded calls
-    copies its state on the serving thread, a KV cache whose length is that axis), "batch axis"
-    (`batch_axis_required` and none found yet), or None when it is ready (the one readiness rule of a graph)."""
+    `min_samples_varying` once a non-batch axis varied, where `varying_waits`), "batch axis"
+    (`batch_axis_required` and none found yet), or None when it is ready (the one readiness rule of a graph).
+    `varying_waits` is False for a stateful node (each of its recorded calls copies its state on the serving
+    thread, a KV cache whose length is that axis) and for a graph due for a re-tune over wider ranges (its
+    calls were counted as misses: waiting for more could keep it from ever being tuned again)."""
     cfg = jit_config
     calls = recorder.num_samples(spec)
     if calls < cfg.min_samples:
         return "samples"
-    if not stateful and calls < cfg.min_samples_varying and any(t.dynamic_axes() for t in spec.input_spec.tensors):
+    varied = any(t.dynamic_axes() for t in spec.input_spec.tensors)
+    if varying_waits and varied and calls < cfg.min_samples_varying:
         return "samples"
     if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):
         return "batch axis"

@@ -111,8 +111,8 @@ class NodeTransitions:
             return []
         done = ({spec.name for spec, _backend in self._entries} - self._growth.due - self._follow.upgrade) | set(
             self._failed)
-        return [spec for spec in recorder.graph_specs
-                if spec.name not in done and missing_for_tuning(recorder, spec, bool(self._stateful)) is None]
+        return [spec for spec in recorder.graph_specs if spec.name not in done and missing_for_tuning(
+            recorder, spec, varying_waits=not self._stateful and spec.name not in self._growth.due) is None]
 
     def tuning_view(self) -> torch.nn.Module:
         """The `ForwardOnly` view of the module that strategies and backends get (made once per node)."""

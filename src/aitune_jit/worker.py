@@ -208,6 +208,7 @@ class TuningWorker:
             node = job.node_ref()
             if node is None:
                 return
+            _side_jobs_done(SIDE_JOB_WAIT_S)  # (they import what this job needs: one import, not two at once)
             prime_inductor_without_fx_patching()
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
@@ -263,7 +264,6 @@ def prime_inductor_without_fx_patching() -> None:
     global _primed
     if _primed:
         return
-    _primed = True
     try:
         from torch._inductor.loop_body import InterpreterShim
 
@@ -273,7 +273,8 @@ def prime_inductor_without_fx_patching() -> None:
             InterpreterShim._dummy_gm()
         finally:
             torch.fx.symbolic_trace = saved
-    except Exception:  # another torch: nothing to prime
+        _primed = True
+    except Exception:  # another torch: nothing to prime (tried again by the next job)
         _logger.debug("could not prime Inductor's identity graph module", exc_info=True)
 
 
@@ -375,16 +376,39 @@ def start_side_job(name: str, task: Callable[[], None]) -> threading.Thread:
         finally:
             _local.job = None
             _live_jobs.discard(job)
+            _side_jobs.discard(job)
             job.finished.set()
 
     job.thread = threading.Thread(target=body, name=f"aitune-{name}", daemon=True)
     with _worker_lock:
         _live_jobs.add(job)
+        _side_jobs.add(job)
         if not _atexit_registered:
             _atexit_registered = True
             _register_exit_cancel()
-    job.thread.start()
+    try:
+        job.thread.start()
+    except BaseException:  # (no thread: nothing for the exit to wait for)
+        _live_jobs.discard(job)
+        _side_jobs.discard(job)
+        job.finished.set()
+        raise
     return job.thread
+
+
+_side_jobs: set[_Job] = set()  # running side jobs (`start_side_job`)
+#: the longest a tuning job waits for the side jobs running when it starts (seconds)
+SIDE_JOB_WAIT_S = 60.0
+
+
+def _side_jobs_done(timeout: float) -> None:
+    """Wait (at most `timeout`) for the side jobs running now: the compiler prefetch imports Inductor, which the
+    job imports too, and two threads importing torch's mutually importing modules at once is what Python's
+    import locks handle worst."""
+    deadline = time.monotonic() + timeout
+    for job in list(_side_jobs):
+        if job.thread is not threading.current_thread():
+            job.finished.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _register_exit_cancel() -> None:
@@ -415,7 +439,7 @@ def _at_exit() -> None:
             cancel(job)
     worker = _worker
     if worker is not None:
-        for path in worker.stop(EXIT_WAIT_S):
+        for path in worker.stop(max(0.0, deadline - time.monotonic())):  # (one deadline for all the jobs)
             if path not in _unfinished:
                 _unfinished.append(path)
     for job in list(_live_jobs):

@@ -60,7 +60,11 @@ DEFAULT_MAX_WAIT_S = 0.025
 #: after a wait that ran out, the job runs this long before it steps aside again
 RUN_SLICE_S = 0.01
 
-_cond = threading.Condition(threading.Lock())
+_lock = threading.Lock()
+_cond = threading.Condition(_lock)
+#: the longest the exit path waits for `_lock` (a thread that died holding it must not hang the exit)
+EXIT_LOCK_WAIT_S = 1.0
+_stood_down = False  # set at exit (`stand_down_monitoring`): jobs that start later run without a gate
 _inflight = 0  # requests being served now, all threads
 _waiting = 0  # job threads waiting for the requests to end
 _gates: dict[int, _StepAside] = {}  # job thread -> its gate, while it runs under the monitoring callback
@@ -130,14 +134,18 @@ class _StepAside:
             self.check(event == "call")
 
     def check(self, at_call: bool = True) -> None:
-        if self.cancel_with is not None and at_call and not self.paused_by():
+        """`at_call`: the thread is starting a Python function (a profile function also sees C calls and
+        returns, where a cancel must not be raised: after a C `acquire`, say, it would leak the lock)."""
+        if not self.active:
+            return
+        if at_call and self.cancel_with is not None and not self.paused_by():
             self._raise_cancel()
         if not _inflight:
             return
         if (self.free_until and time.monotonic() < self.free_until) or timing_now() or self.paused_by():
             return  # (a paused capture would hold up every device synchronization of the requests)
         self._wait()
-        if self.cancel_with is not None and not self.paused_by():
+        if at_call and self.cancel_with is not None and not self.paused_by():
             self._raise_cancel()
 
     def cancel(self, exc_type: type[BaseException]) -> bool:
@@ -147,28 +155,39 @@ class _StepAside:
         torch's code and of the thread's own teardown; one raised where a function starts is what that function
         would raise itself, and the cleanup code that runs while it unwinds runs whole."""
         global _cancelling
-        with _cond:
+        held = _lock.acquire(timeout=EXIT_LOCK_WAIT_S)
+        try:
             if not self.active:
                 return False
             if self.cancel_with is None:
                 _cancelling += 1
             self.cancel_with = exc_type
-            _cond.notify_all()  # (a gate waiting for requests to end raises at once)
+            if held:
+                _cond.notify_all()  # (a gate waiting for requests to end raises at once)
+        finally:
+            if held:
+                _lock.release()
         return True
 
     def _raise_cancel(self) -> None:
-        exc_type = self.withdraw_cancel()
+        exc_type = self.withdraw_cancel(raising=True)
         if exc_type is not None:
-            self.cancel_raised = True
             raise exc_type
 
-    def withdraw_cancel(self) -> type[BaseException] | None:
-        """Drop a cancel not raised yet (returned; None when there was none)."""
+    def withdraw_cancel(self, raising: bool = False) -> type[BaseException] | None:
+        """Drop a cancel not raised yet (returned; None when there was none); `raising`: the gate raises it now.
+        Called by the gated thread only inside its gate or once the gate is off: the thread holds `_lock` here,
+        and a gate call made meanwhile would wait for it (the same for `cancel` and `_deactivate`)."""
         global _cancelling
-        with _cond:
+        held = _lock.acquire(timeout=EXIT_LOCK_WAIT_S)
+        try:
             exc_type, self.cancel_with = self.cancel_with, None
             if exc_type is not None:
                 _cancelling -= 1
+                self.cancel_raised = self.cancel_raised or raising
+        finally:
+            if held:
+                _lock.release()
         return exc_type
 
     def _wait(self) -> None:
@@ -225,6 +244,11 @@ def _counted_job() -> Iterator[None]:
 
 
 def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
+    """The gate installed for the block. On the way out it is taken off before its state is reset
+    (`_deactivate` takes `_lock`; a gate still installed would be called inside it and wait for that lock)."""
+    if _stood_down:  # (the program is ending: no new monitoring callback, no gate)
+        yield None
+        return
     if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
         gate.mechanism = "monitoring"
         _gates[ident] = gate
@@ -232,10 +256,12 @@ def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
         try:
             yield gate
         finally:
-            _deactivate(gate)
-            _gates.pop(ident, None)
-            py_start_gate.release()
-            _log(gate)
+            _gates.pop(ident, None)  # (the callback finds no gate for this thread from here on)
+            try:
+                _deactivate(gate)
+            finally:
+                py_start_gate.release()
+                _log(gate)
         return
     gate.mechanism = "profile" if gate_choice() == "profile" else "trace"
     get, put = (sys.getprofile, sys.setprofile) if gate.mechanism == "profile" else (sys.gettrace, sys.settrace)
@@ -247,8 +273,8 @@ def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
     try:
         yield gate
     finally:
-        _deactivate(gate)
         put(None)
+        _deactivate(gate)
         _log(gate)
 
 
@@ -260,9 +286,10 @@ def stand_down_monitoring() -> None:
     (Python 3.12.3) 3 of 10 cold ResNet-50 serving processes whose jobs were cancelled at exit under the monitoring
     gate crashed (SIGSEGV at the start of `threading.Thread._stop`, right after the job thread ended), and none of
     8 with no gate (`AITUNE_WORKER_YIELD_MS=0`); docs/benchmarks.md, "The crash at exit, continued"."""
-    with _cond:
-        gates = list(_gates.values())
-        _gates.clear()
+    global _stood_down
+    _stood_down = True
+    gates = list(_gates.values())
+    _gates.clear()
     for gate in gates:
         _deactivate(gate)
     py_start_gate.remove()
@@ -270,8 +297,7 @@ def stand_down_monitoring() -> None:
 
 def _deactivate(gate: _StepAside) -> None:
     """The gate is leaving: a cancel not raised yet is dropped (the caller falls back on its own means)."""
-    with _cond:
-        gate.active = False
+    gate.active = False
     gate.withdraw_cancel()
 
 

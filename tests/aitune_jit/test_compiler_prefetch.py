@@ -116,6 +116,7 @@ def test_the_side_job_is_cancelled_when_the_program_ends():
     finally:
         worker._worker = saved
         worker._exiting = False  # (this process goes on)
+        wy._stood_down = False
     assert not thread.is_alive() and seen == ["started", "cancelled"]
     assert time.monotonic() - begin < job_cancel.COOPERATIVE_WAIT_S  # cancelled first, at a function start
 

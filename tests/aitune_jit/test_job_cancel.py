@@ -128,3 +128,22 @@ def test_other_unraisable_exceptions_reach_the_previous_hook(monkeypatch):
     other = Unraisable(ValueError)
     job_cancel._unraisable_cancel(other)
     assert seen == [other]
+
+
+def test_a_deadline_before_the_cooperative_wait_still_sends_the_asynchronous_cancel(gated):
+    """The exit's one deadline may end before COOPERATIVE_WAIT_S: a thread is never left with no cancel at all."""
+    inside = threading.Event()
+
+    def busy() -> None:
+        inside.set()
+        while not gated:
+            sum(range(50))
+        raise TuningCancelled
+
+    thread = _started(_Thread(busy))
+    assert inside.wait(5)
+    job_cancel.cancel(thread.job)
+    job_cancel.join_cancelled(thread.job, time.monotonic() + 0.05)
+    assert gated == [thread.ident]
+    thread.join(5)
+    assert thread.seen == ["cancelled", "cleaned up"] and wy._cancelling == 0

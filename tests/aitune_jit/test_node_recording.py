@@ -95,3 +95,19 @@ def test_a_graph_whose_non_batch_axis_varies_waits_for_min_samples_varying():
             ids = torch.randint(0, 200, (batch, 16))
             spec = batches.record((ids,), {}, embed(ids))
     assert missing_for_tuning(batches, spec) is None
+
+
+def test_a_graph_due_for_a_retune_is_not_held_back_by_min_samples_varying():
+    """Its calls outside the tuned range are counted as misses; waiting for more samples could block it for good."""
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_jit.node_recording import missing_for_tuning
+
+    embed = torch.nn.Embedding(200, 8).eval()
+    recorder = GraphRecorder(embed.forward, name="embed")
+    jit_config.min_samples, jit_config.min_samples_varying = 2, 8
+    with torch.no_grad():
+        for length in (40, 90, 70):
+            ids = torch.randint(0, 200, (8, length))
+            spec = recorder.record((ids,), {}, embed(ids))
+    assert missing_for_tuning(recorder, spec) == "samples"
+    assert missing_for_tuning(recorder, spec, varying_waits=False) is None

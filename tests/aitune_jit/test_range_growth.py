@@ -106,3 +106,17 @@ def test_without_headroom_only_the_recorded_range_is_served():
     for batch in (3, 5, 2, 7):
         _call(model, batch)
     assert PatchedModule.of(model).fallbacks == 2
+
+
+def test_a_retune_over_lengths_is_not_held_back_by_min_samples_varying():
+    """Tuned at one length, then three other lengths (misses): the re-tune runs though the graph now varies and
+    has fewer than `min_samples_varying` calls."""
+    _setup(after=3)
+    jit_config.min_samples_varying = 8
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(64, 32).eval()
+    enable()
+    with torch.no_grad():
+        for length in (16, 16, 20, 24, 28):
+            model(torch.randint(0, 64, (1, length)))
+    assert CountingBackend.builds == 2  # tuned at length 16, then again over 16..28

@@ -9,7 +9,7 @@ import pytest
 import torch
 from jit_helpers import CountingBackend, make_mlp, run
 
-from aitune_jit import summary, worker
+from aitune_jit import summary, worker, worker_yield
 from aitune_jit.config import jit_config
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.state import NodeState
@@ -231,6 +231,7 @@ def test_at_exit_an_abandoned_job_still_running_is_cancelled_too(background):
     finally:
         worker._worker = saved
         worker._exiting = False  # (this process goes on)
+        worker_yield._stood_down = False
     assert not job.thread.is_alive() and seen == ["started", "cancelled"] and job not in worker._live_jobs
 
 

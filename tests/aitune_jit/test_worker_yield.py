@@ -381,4 +381,35 @@ def test_at_exit_the_monitoring_gates_stand_down_before_any_cancel(monkeypatch):
         assert thread.count > counted  # the job runs on, ungated
     finally:
         _finish(thread)
+        wy._stood_down = False  # (this process goes on)
     assert not thread.is_alive() and not py_start_gate.installed()
+    with wy.steps_aside() as gate:
+        assert gate is not None  # (jobs are gated again once the flag is back)
+
+
+def test_a_job_that_leaves_its_gate_while_requests_are_served_never_waits_for_itself(monkeypatch, mechanism):
+    """Leaving the gate resets its state under the module's lock; a gate still installed then would step aside
+    inside that lock and wait for itself (it hung jobs within a few thousand exits under every gate)."""
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "25")
+    stop = threading.Event()
+    jobs = []
+
+    def serve() -> None:
+        while not stop.is_set():
+            wy.request_started()
+            sum(range(50))
+            wy.request_finished()
+
+    def job() -> None:
+        while len(jobs) < 3000 and not stop.is_set():
+            with wy.steps_aside():
+                _tick()
+            jobs.append(1)
+
+    server, worker = threading.Thread(target=serve, daemon=True), threading.Thread(target=job, daemon=True)
+    server.start()
+    worker.start()
+    worker.join(30)
+    stop.set()
+    server.join(5)
+    assert not worker.is_alive() and len(jobs) == 3000 and not wy._lock.locked()
