@@ -2,22 +2,23 @@
 
 Why: a process whose JIT cache holds Inductor decisions for the CPU (a second replica, the next deployment)
 rebuilds them on its first calls, and each rebuild first pays what torch pays once per process before a CPU
-compile: Inductor's check of the vector instruction sets (test programs compiled and run in subprocesses, about
-1 s on this project's 2-core CPU) and importing Inductor (`torch._inductor.compile_fx` and the C++ build
-helpers, about 0.8 s). None of it depends on the model. The check mostly waits for its subprocesses, so it can
-run beside the program's own start-up and the job's imports instead of before them.
+compile: importing Inductor (`torch._inductor.cpu_vec_isa` alone pulls in most of it: about 1 s on this
+project's 2-core CPU) and Inductor's check of the vector instruction sets (test programs compiled and run in
+subprocesses, about 1 s). None of it depends on the model, and the check mostly waits for its subprocesses, so
+it can run beside the program's own start-up and the job's work instead of before them.
 
 How: `start()` (from `switch.enable`, on the thread that imported torch) looks for a CPU decision to build an
 Inductor backend taken with this torch, Python and aitune (`wanted_devices`); if there is one, a side job of the
 worker (`worker.start_side_job`: it steps aside while requests are served and is cancelled when the program
-ends) runs the check, then imports those modules. A failure is logged at DEBUG; the job does the same later.
-`AITUNE_WORKER_PREFETCH=off` turns it off. Nothing is patched: the identity graph module that the worker primes
-(`prime_inductor_without_fx_patching`, which swaps `torch.fx.symbolic_trace` for a moment) is left to the first
-job, since the program may be tracing its own model now.
+ends) imports those modules, says so (a tuning job that starts meanwhile waits for that, so the two never import
+torch's mutually importing modules at once), then runs the check beside the job. A failure is logged at DEBUG;
+the job does the same later. `AITUNE_WORKER_PREFETCH=off` turns it off. Nothing is patched: the identity graph
+module that the worker primes (`prime_inductor_without_fx_patching`, which swaps `torch.fx.symbolic_trace` for a
+moment) is left to the first job, since the program may be tracing its own model now.
 
 Measured: `tests/aitune_jit/scripts/serve_loop.py` on a warm cache (this CPU, Python 3.11, three interleaved runs
-each) was tuned 3.47-3.52 s after its first request with the prefetch against 4.72-5.17 s without, and the
-whole process took 7.0-7.3 s against 8.1-8.6 s.
+each) was tuned 3.71-4.01 s after its first request with the prefetch against 5.19-5.43 s without, and the whole
+process took 7.5-7.6 s against 8.8-9.1 s.
 
 Why not for CUDA decisions: there the work is the import alone (3-4 s on the H100s, mostly Triton), which holds
 the GIL. On an H100 (ResNet-50 probe, `docs/benchmarks.md`) importing it in the background made the warm job 3 s
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,8 +44,8 @@ from aitune_jit.worker_env import env_choice
 
 _logger = logging.getLogger("aitune.jit")
 
-#: what a first Inductor compile imports (the module torch.compile's line imports, and the C++ build helpers)
-MODULES = ("torch._inductor.compile_fx", "torch.utils.cpp_extension")
+#: imported before the check (it needs the first; the second, the C++ build helpers, a warm rebuild imports too)
+MODULES = ("torch._inductor.cpu_vec_isa", "torch.utils.cpp_extension")
 #: decision files looked at, newest first (a large shared cache folder is not read whole at start-up)
 MAX_SCANNED = 64
 INDUCTOR_BACKEND = "TorchInductorBackend"
@@ -100,21 +102,25 @@ def start() -> bool:
         if not devices:
             return False
         decisions.point_inductor_cache()  # (here, on the program's thread: the CPU check writes into that folder)
-        worker.start_side_job("compiler-prefetch", lambda: prefetch(devices))
+        imported = threading.Event()
+        worker.start_side_job("compiler-prefetch", lambda: prefetch(devices, imported), imported)
         return True
     except Exception:
         _logger.debug("the compiler prefetch did not start", exc_info=True)
         return False
 
 
-def prefetch(devices: set[str]) -> None:
-    """For a CPU decision, run the instruction-set check; then import what a first Inductor compile imports.
-    The check goes first: it mostly waits for its subprocesses, so a job that starts meanwhile imports the
-    compiler on the GIL the check leaves free."""
+def prefetch(devices: set[str], imported: threading.Event | None = None) -> None:
+    """Import Inductor's C++ side (`torch._inductor.cpu_vec_isa`, which pulls in most of Inductor: about 1 s here),
+    say so (`imported`: a tuning job waits for it rather than import the same modules at once), then, for a CPU
+    decision, run the instruction-set check. The check mostly waits for its subprocesses, so a job that starts
+    meanwhile imports the rest of the compiler and traces on the GIL the check leaves free."""
+    for name in MODULES:
+        importlib.import_module(name)
+    if imported is not None:
+        imported.set()
     if "cpu" in devices:
         from torch._inductor import cpu_vec_isa
 
         cpu_vec_isa.valid_vec_isa_list()  # (cached for the process)
-    for name in MODULES:
-        importlib.import_module(name)
     _logger.debug("compiler prefetched for %s (torch %s)", sorted(devices), torch.__version__)

@@ -208,7 +208,7 @@ class TuningWorker:
             node = job.node_ref()
             if node is None:
                 return
-            _side_jobs_done(SIDE_JOB_WAIT_S)  # (they import what this job needs: one import, not two at once)
+            _side_imports_done(SIDE_JOB_WAIT_S)  # (they import what this job needs: one import, not two at once)
             prime_inductor_without_fx_patching()
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
@@ -358,11 +358,14 @@ def unfinished_at_exit() -> list[str]:
 _live_jobs: set[_Job] = set()
 
 
-def start_side_job(name: str, task: Callable[[], None]) -> threading.Thread:
+def start_side_job(name: str, task: Callable[[], None], imported: threading.Event | None = None) -> threading.Thread:
     """Run `task` on a daemon thread that steps aside for requests like a tuning job and, like one, is cancelled
-    when the main thread's code ends (`compiler_prefetch`). Its failures are logged at DEBUG only."""
+    when the main thread's code ends (`compiler_prefetch`). Its failures are logged at DEBUG only. A tuning job
+    that starts meanwhile waits for `imported` (set by the task once it has imported what it needs; by default,
+    or if the task ends first, when it ends) before it imports torch's compiler itself."""
     global _atexit_registered
     job = _Job.side(name)
+    settled = imported if imported is not None else job.finished
 
     def body() -> None:
         _local.job = job
@@ -376,13 +379,14 @@ def start_side_job(name: str, task: Callable[[], None]) -> threading.Thread:
         finally:
             _local.job = None
             _live_jobs.discard(job)
-            _side_jobs.discard(job)
+            _side_jobs.pop(job, None)
+            settled.set()
             job.finished.set()
 
     job.thread = threading.Thread(target=body, name=f"aitune-{name}", daemon=True)
     with _worker_lock:
         _live_jobs.add(job)
-        _side_jobs.add(job)
+        _side_jobs[job] = settled
         if not _atexit_registered:
             _atexit_registered = True
             _register_exit_cancel()
@@ -390,25 +394,27 @@ def start_side_job(name: str, task: Callable[[], None]) -> threading.Thread:
         job.thread.start()
     except BaseException:  # (no thread: nothing for the exit to wait for)
         _live_jobs.discard(job)
-        _side_jobs.discard(job)
+        _side_jobs.pop(job, None)
+        settled.set()
         job.finished.set()
         raise
     return job.thread
 
 
-_side_jobs: set[_Job] = set()  # running side jobs (`start_side_job`)
+_side_jobs: dict[_Job, threading.Event] = {}  # running side jobs (`start_side_job`) -> their imports are done
 #: the longest a tuning job waits for the side jobs running when it starts (seconds)
 SIDE_JOB_WAIT_S = 60.0
 
 
-def _side_jobs_done(timeout: float) -> None:
-    """Wait (at most `timeout`) for the side jobs running now: the compiler prefetch imports Inductor, which the
-    job imports too, and two threads importing torch's mutually importing modules at once is what Python's
-    import locks handle worst."""
+def _side_imports_done(timeout: float) -> None:
+    """Wait (at most `timeout`) until the side jobs running now have imported what they import: the compiler
+    prefetch imports Inductor, which the job imports too, and two threads importing torch's mutually importing
+    modules at once is what Python's import locks handle worst. The rest of a side job (the prefetch's check,
+    which mostly waits for its subprocesses) runs beside the tuning job."""
     deadline = time.monotonic() + timeout
-    for job in list(_side_jobs):
+    for job, imported in list(_side_jobs.items()):
         if job.thread is not threading.current_thread():
-            job.finished.wait(max(0.0, deadline - time.monotonic()))
+            imported.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _register_exit_cancel() -> None:

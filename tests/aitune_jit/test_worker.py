@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import pytest
@@ -369,3 +370,19 @@ def test_the_exit_cancel_runs_in_threadings_exit_hook_before_the_main_thread_sto
     monkeypatch.setattr(worker.threading, "_register_atexit", shutting_down)
     worker._register_exit_cancel()
     assert registered == [worker._at_exit]  # (already shutting down: atexit still runs it)
+
+
+def test_a_tuning_job_waits_for_a_side_jobs_imports_not_for_the_rest_of_it():
+    imported, release = threading.Event(), threading.Event()
+
+    def task() -> None:
+        imported.set()  # (its imports done)
+        release.wait(10)
+
+    thread = worker.start_side_job("test-imports", task, imported)
+    begin = time.monotonic()
+    worker._side_imports_done(5)
+    assert time.monotonic() - begin < 1.0 and thread.is_alive()  # the rest runs beside the job
+    release.set()
+    thread.join(5)
+    assert not worker._side_jobs
