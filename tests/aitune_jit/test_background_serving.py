@@ -56,7 +56,8 @@ def test_serving_loop_tunes_in_the_background_and_a_second_process_reuses_the_ca
           f"({ratio:.0%}); slowest request {first['slowest_s']:.3f}s / {second['slowest_s']:.3f}s")
     # The issue's bound. On this 2-core machine the second process needs about 3.5 s whatever the first one spent
     # (dynamo's trace, Inductor's cache load and its once-per-process set-up, part of it run beside the program's
-    # start by aitune_jit/compiler_prefetch.py), against 21-24 s cold: measured 15-16 % at 25e9358.
+    # start by aitune_jit/compiler_prefetch.py), against 21-24 s cold: measured 15-16 % (docs/benchmarks.md, "The
+    # prefetch after review").
     assert ratio <= 0.20, (first["time_to_tuned_s"], second["time_to_tuned_s"])
 
     for entry in (cache / "decisions").glob("*.json"):  # a writer killed mid-file, as it would look without
