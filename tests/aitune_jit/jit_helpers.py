@@ -183,3 +183,18 @@ def states(model: torch.nn.Module) -> dict[str, str]:
     node = PatchedModule.of(model)
     assert node is not None, "the model is not a node"
     return {n.path: n.state.value for n in node.subtree()}
+
+
+def run_exit_hook() -> None:
+    """The worker's exit hook, as `threading` runs it when the main thread's code ends, with no worker of its own
+    (only the live jobs are cancelled); the flags it sets are put back, since this process goes on."""
+    from aitune_jit import worker, worker_yield
+
+    saved = worker._worker
+    worker._worker = None
+    try:
+        worker._at_exit()
+    finally:
+        worker._worker = saved
+        worker._exiting = False
+        worker_yield._stood_down = False

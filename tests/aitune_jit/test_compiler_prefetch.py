@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+from jit_helpers import run_exit_hook
 
 from aitune_core.checkpoint.manifest import versions
 from aitune_core.decision_store import Decision, DecisionStore
@@ -108,15 +109,8 @@ def test_the_side_job_is_cancelled_when_the_program_ends():
     thread = worker.start_side_job("test-spin", spin)
     while not seen:
         time.sleep(0.01)
-    saved = worker._worker
-    worker._worker = None
     begin = time.monotonic()
-    try:
-        worker._at_exit()
-    finally:
-        worker._worker = saved
-        worker._exiting = False  # (this process goes on)
-        wy._stood_down = False
+    run_exit_hook()
     assert not thread.is_alive() and seen == ["started", "cancelled"]
     assert time.monotonic() - begin < job_cancel.COOPERATIVE_WAIT_S  # cancelled first, at a function start
 

@@ -7,7 +7,9 @@ import logging
 import torch
 from jit_helpers import CountingBackend, make_mlp
 
+from aitune_core.recording.graph_recorder import GraphRecorder
 from aitune_jit.config import jit_config
+from aitune_jit.node_recording import missing_for_tuning
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.state import NodeState
 from aitune_jit.switch import enable
@@ -54,9 +56,6 @@ def test_a_failure_while_recording_ends_tuning_not_the_call(caplog):
 
 
 def test_a_graph_is_ready_with_min_samples_and_a_batch_axis_where_required():
-    from aitune_core.recording.graph_recorder import GraphRecorder
-    from aitune_jit.node_recording import missing_for_tuning
-
     layer = torch.nn.Linear(4, 4).eval()
     recorder = GraphRecorder(layer.forward, name="fc")
     jit_config.min_samples = 2
@@ -73,19 +72,14 @@ def test_a_graph_is_ready_with_min_samples_and_a_batch_axis_where_required():
 
 def test_a_graph_whose_non_batch_axis_varies_waits_for_min_samples_varying():
     """Varying lengths: the range comes from more calls, so later lengths fall inside it (no second compile)."""
-    from aitune_core.recording.graph_recorder import GraphRecorder
-    from aitune_jit.node_recording import missing_for_tuning
-
-    embed = torch.nn.Embedding(200, 8).eval()
-    recorder = GraphRecorder(embed.forward, name="embed")
     jit_config.min_samples, jit_config.min_samples_varying = 2, 4
-    with torch.no_grad():
-        for length in (40, 90, 70):
-            ids = torch.randint(0, 200, (8, length))
-            spec = recorder.record((ids,), {}, embed(ids))
-            assert missing_for_tuning(recorder, spec) == "samples"
-        ids = torch.randint(0, 200, (8, 33))
-        spec = recorder.record((ids,), {}, embed(ids))
+    embed, recorder = _embedding_recorder()
+    for length in (40, 90, 70):
+        spec = _record_length(embed, recorder, length)
+        assert missing_for_tuning(recorder, spec) == "samples"
+    # a graph due for a re-tune (its calls counted as misses) or a stateful node's does not wait for more
+    assert missing_for_tuning(recorder, spec, varying_waits=False) is None
+    spec = _record_length(embed, recorder, 33)
     assert missing_for_tuning(recorder, spec) is None
     assert spec.input_spec.tensors[0].min_shape[1] == 33 and spec.input_spec.tensors[0].max_shape[1] == 90
 
@@ -97,17 +91,13 @@ def test_a_graph_whose_non_batch_axis_varies_waits_for_min_samples_varying():
     assert missing_for_tuning(batches, spec) is None
 
 
-def test_a_graph_due_for_a_retune_is_not_held_back_by_min_samples_varying():
-    """Its calls outside the tuned range are counted as misses; waiting for more samples could block it for good."""
-    from aitune_core.recording.graph_recorder import GraphRecorder
-    from aitune_jit.node_recording import missing_for_tuning
-
+def _embedding_recorder():
+    """An embedding (batch 8, varying length) and a recorder of its calls."""
     embed = torch.nn.Embedding(200, 8).eval()
-    recorder = GraphRecorder(embed.forward, name="embed")
-    jit_config.min_samples, jit_config.min_samples_varying = 2, 8
+    return embed, GraphRecorder(embed.forward, name="embed")
+
+
+def _record_length(embed, recorder, length: int):
+    ids = torch.randint(0, 200, (8, length))
     with torch.no_grad():
-        for length in (40, 90, 70):
-            ids = torch.randint(0, 200, (8, length))
-            spec = recorder.record((ids,), {}, embed(ids))
-    assert missing_for_tuning(recorder, spec) == "samples"
-    assert missing_for_tuning(recorder, spec, varying_waits=False) is None
+        return recorder.record((ids,), {}, embed(ids))

@@ -8,9 +8,9 @@ import time
 
 import pytest
 import torch
-from jit_helpers import CountingBackend, make_mlp, run
+from jit_helpers import CountingBackend, make_mlp, run, run_exit_hook
 
-from aitune_jit import summary, worker, worker_yield
+from aitune_jit import summary, worker
 from aitune_jit.config import jit_config
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.state import NodeState
@@ -225,14 +225,7 @@ def test_at_exit_an_abandoned_job_still_running_is_cancelled_too(background):
     assert tuning.wait(timeout=5)  # the supervisor gave up on it; its thread spins on
     [job] = worker._live_jobs - earlier
     assert job.abandoned and job.thread.is_alive()
-    saved = worker._worker
-    worker._worker = None
-    try:
-        worker._at_exit()
-    finally:
-        worker._worker = saved
-        worker._exiting = False  # (this process goes on)
-        worker_yield._stood_down = False
+    run_exit_hook()
     assert not job.thread.is_alive() and seen == ["started", "cancelled"] and job not in worker._live_jobs
 
 
