@@ -206,7 +206,7 @@ class TuningWorker:
         _local.job = job
         try:
             node = job.node_ref()
-            if node is None:
+            if node is None or job.abandoned:  # (cancelled before its thread started: the exit found no thread)
                 return
             _side_imports_done(SIDE_JOB_WAIT_S)  # (they import what this job needs: one import, not two at once)
             prime_inductor_without_fx_patching()

@@ -379,3 +379,18 @@ def test_a_tuning_job_waits_for_a_side_jobs_imports_not_for_the_rest_of_it():
     release.set()
     thread.join(5)
     assert not worker._side_jobs
+
+
+def test_a_job_cancelled_before_its_thread_started_does_not_run(background):
+    """The exit cancel may find the supervisor between picking a job and starting its thread: it marks the job
+    abandoned, and the job's body then returns at once instead of tuning during the exit."""
+    ran = []
+    tuning = worker.TuningWorker(lambda node: ran.append(node))
+    model = make_mlp()
+    enable()
+    run(model, [2])
+    job = worker._Job(PatchedModule.of(model))
+    job.abandoned = True
+    tuning._job_body(job)
+    assert ran == [] and job.finished.is_set()
+    tuning.stop(1.0)
