@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from aitune_jit import summary, tuner, worker
+from aitune_jit import device_guard_pin, summary, tuner, worker
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import missing_for_tuning
 from aitune_jit.outcome import TuningOutcome, Verdict, release_backend
@@ -59,6 +59,7 @@ class NodeTransitions:
                 return
             self._pending = False
             self._tuning = True
+            device_guard_pin.pin()  # (this thread may end before the program: see device_guard_pin)
             try:
                 self.apply(tuner.tune(self))
             except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly

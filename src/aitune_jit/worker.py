@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aitune_jit import capture_guard, py_start_gate
+from aitune_jit import capture_guard, device_guard_pin, py_start_gate
 from aitune_jit.config import jit_config
 from aitune_jit.job_cancel import TuningCancelled, cancel, join_cancelled
 from aitune_jit.outcome import TuningOutcome
@@ -317,6 +317,7 @@ def _quiet_stderr_handler() -> None:
 def submit(node: TuningNode, run: Callable[[TuningNode], None]) -> None:
     """Queue `node` for tuning by `run(node)` on the worker (started on first use)."""
     global _worker, _atexit_registered
+    device_guard_pin.pin()  # (before the first job thread traces: see device_guard_pin)
     with _worker_lock:
         if _worker is None:
             _worker = TuningWorker(run)
