@@ -49,7 +49,7 @@ def one_process(variant: str, model: str, args: argparse.Namespace) -> dict[str,
     if raw["exit_status"] not in (0, None):
         tail = raw.get("stderr_tail", "")
         start = tail.find("Fatal Python error")
-        row["fault"] = tail[start:start + 1500] if start >= 0 else tail[-1500:]
+        row["fault"] = tail[start:start + 6000] if start >= 0 else tail[-6000:]
     return row
 
 

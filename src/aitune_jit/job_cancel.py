@@ -17,20 +17,22 @@ How, in order:
    that lands in a weakref callback or a `__del__` is dropped there (`_catch_unraisable_cancels`), and held back
    while the thread captures a CUDA graph. A thread that is unwinding from the first cancel is not sent one
    within `UNWIND_WAIT_S`: it would land in the cleanup code.
+3. At the end of its body the cancelled thread does not end: it waits for the process to end (`rest_forever`).
 
-Not solved: a cold ResNet-50 serving process on an H100 (Python 3.12.3) sometimes still crashes at exit with
-SIGSEGV at the start of `threading.Thread._stop`, in the worker's supervisor, right after the cancelled job
-thread ended: 1 of 1 at 0412031 (asynchronous cancel only), 1 of 4 at 030f657 (cancel at a function start), 1 of
-5 at dd04a3c (and the exit path no longer joins the thread), against 0 of 8 with no step-aside gate. Since
-928e0d1 the monitoring gates stand down at exit before any cancel (`worker_yield.stand_down_monitoring`), so on
-Python 3.12+ step 1 does not apply there and the asynchronous exception cancels the job; not yet measured on a
-GPU. docs/benchmarks.md, "The crash at exit, continued".
+Why 3: a ResNet-50 serving process that exits while its job re-tunes sometimes died with SIGSEGV at the first line
+of `threading.Thread._stop`, in the worker's supervisor, right after the cancelled job thread ended: on H100s 3 of
+10 before 928e0d1; on one H200 (Python 3.12.3, torch 2.11) 1 of 6 at dd04a3c and 1 of 18 at 4017794, where the
+monitoring gates already stood down before the cancel, so the asynchronous exception cancelled the job as in the
+gateless processes (docs/benchmarks.md, "The crash at exit, measured on an H200"). Python 3.12 runs garbage
+collections at function starts, and `_stop`'s start is the first one after the thread's end: what the cancel left
+behind can point into what the thread's end freed.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -147,3 +149,32 @@ def _unraisable_cancel(unraisable: Any) -> None:
         return
     previous = _previous_unraisablehook or sys.__unraisablehook__
     previous(unraisable)
+
+
+#: held from import on and never released: a job thread that reaches the program's end waits on it for good
+_never = threading.Lock()
+_never.acquire()
+_resting: set[int] = set()  # idents of the threads waiting there
+#: a resting thread wakes this often: an asynchronous cancel pending for it would otherwise stay pending, and while
+#: one is, every thread's interpreter loop checks for it at each step (seconds)
+REST_WAKE_S = 0.5
+
+
+def rest_forever() -> None:
+    """Wait, without the GIL, until the process ends; called by a job thread at the program's end instead of
+    ending (step 3 of the module docstring). A thread's end frees its frame stack and its thread-local state; what
+    the cancel left behind (dynamo hands its callback a raw pointer to the frame it intercepts, and a traceback can
+    keep the callback's frame alive) can still point there. A thread that never ends frees nothing. The caller
+    holds no lock (the job body has unwound) and is a daemon thread; the exit path waits on the job's `finished`
+    event, never on the thread."""
+    _resting.add(threading.get_ident())
+    while True:
+        try:
+            _never.acquire(timeout=REST_WAKE_S)  # (wakes now and then: a cancel still pending is taken and dropped)
+        except BaseException:  # (a cancel sent just before the job said it finished lands here: it changes nothing)
+            continue
+
+
+def resting(thread: Any) -> bool:
+    """True when `thread` waits in `rest_forever`."""
+    return thread.ident in _resting and thread.is_alive()

@@ -25,7 +25,9 @@ node, never half of it.
   hook is missing): a job thread still running Python there crashed the process (SIGSEGV in the main thread at the
   start of `threading.Thread._stop`, 3 of 5 serving processes on an H100, Python 3.12.3, while the job traced with
   dynamo), and one still inside torch's C++ code when the interpreter finalizes aborts it ("terminate called without
-  an active exception"). The exit summary lists what was still tuning.
+  an active exception"). A job thread that reaches its end after that does not end: it waits for the process to
+  end (`job_cancel.rest_forever`), and nothing joins it (the supervisor waits on the job's `finished` event). The
+  exit summary lists what was still tuning.
 - A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
   that were queued in the parent stay eager.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
@@ -49,7 +51,7 @@ import torch
 
 from aitune_jit import capture_guard, device_guard_pin, py_start_gate
 from aitune_jit.config import jit_config
-from aitune_jit.job_cancel import TuningCancelled, cancel, join_cancelled
+from aitune_jit.job_cancel import TuningCancelled, cancel, join_cancelled, rest_forever
 from aitune_jit.outcome import TuningOutcome
 from aitune_jit.state import NodeState
 from aitune_jit.tuning_order import expected_gain, pick_next
@@ -188,8 +190,7 @@ class TuningWorker:
         job.started = time.monotonic()
         _live_jobs.add(job)
         thread.start()
-        thread.join(jit_config.tuning_timeout_s)
-        if thread.is_alive():
+        if not job.finished.wait(jit_config.tuning_timeout_s):  # (never joined: see `_rest_at_exit`)
             job.abandoned = True
             node = job.node_ref()
             late = f"tuning did not finish within jit_config.tuning_timeout_s={jit_config.tuning_timeout_s:g}s"
@@ -223,6 +224,7 @@ class TuningWorker:
             _local.job = None
             _live_jobs.discard(job)
             job.finished.set()
+            _rest_at_exit()
 
 
 @contextlib.contextmanager
@@ -293,6 +295,13 @@ _atexit_registered = False
 def _program_ended() -> bool:
     """True once the main thread's code has ended (the exit cancel has begun) or the main thread is gone."""
     return _exiting or not threading.main_thread().is_alive()
+
+
+def _rest_at_exit() -> None:
+    """Once the program's end has begun, a job thread (cancelled or done) does not end: it waits for the process to
+    end (`job_cancel.rest_forever` says why)."""
+    if _program_ended():
+        rest_forever()
 
 
 def _quiet_after_exit(record: logging.LogRecord) -> bool:
@@ -383,6 +392,7 @@ def start_side_job(name: str, task: Callable[[], None], imported: threading.Even
             _side_jobs.pop(job, None)
             settled.set()
             job.finished.set()
+            _rest_at_exit()
 
     job.thread = threading.Thread(target=body, name=f"aitune-{name}", daemon=True)
     with _worker_lock:

@@ -147,3 +147,27 @@ def test_a_deadline_before_the_cooperative_wait_still_sends_the_asynchronous_can
     assert gated == [thread.ident]
     thread.join(5)
     assert thread.seen == ["cancelled", "cleaned up"] and wy._cancelling == 0
+
+
+def test_a_thread_that_rests_stays_alive_without_the_gil_and_shrugs_off_a_late_cancel():
+    """`rest_forever`: the thread does not end (nothing it leaves behind can point at its freed stack), a cancel
+    that lands there changes nothing, and other threads run meanwhile."""
+    arrived = threading.Event()
+
+    def body() -> None:
+        arrived.set()
+        job_cancel.rest_forever()
+
+    thread = threading.Thread(target=body, daemon=True)
+    assert not job_cancel.resting(thread)
+    thread.start()
+    assert arrived.wait(5)
+    deadline = time.monotonic() + 5
+    while not job_cancel.resting(thread) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert job_cancel.resting(thread)
+    assert job_cancel._raise_async(thread.ident)  # (the real asynchronous cancel, pending while it waits)
+    began = time.monotonic()
+    while time.monotonic() - began < 3 * job_cancel.REST_WAKE_S:
+        _step()  # this thread runs Python meanwhile: the resting one waits without the GIL
+    assert thread.is_alive() and job_cancel.resting(thread)  # (it woke, took the cancel and waits again)

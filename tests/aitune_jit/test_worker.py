@@ -10,7 +10,7 @@ import pytest
 import torch
 from jit_helpers import CountingBackend, make_mlp, run, run_exit_hook
 
-from aitune_jit import summary, worker
+from aitune_jit import job_cancel, summary, worker
 from aitune_jit.config import jit_config
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.state import NodeState
@@ -226,7 +226,8 @@ def test_at_exit_an_abandoned_job_still_running_is_cancelled_too(background):
     [job] = worker._live_jobs - earlier
     assert job.abandoned and job.thread.is_alive()
     run_exit_hook()
-    assert not job.thread.is_alive() and seen == ["started", "cancelled"] and job not in worker._live_jobs
+    assert job.finished.is_set() and seen == ["started", "cancelled"] and job not in worker._live_jobs
+    assert job_cancel.resting(job.thread)  # (it does not end: `_rest_at_exit`)
 
 
 def _spin(seen: list[str], cancelled: str = "cancelled") -> None:
