@@ -155,9 +155,6 @@ def _unraisable_cancel(unraisable: Any) -> None:
 _never = threading.Lock()
 _never.acquire()
 _resting: set[int] = set()  # idents of the threads waiting there
-#: a resting thread wakes this often: an asynchronous cancel pending for it would otherwise stay pending, and while
-#: one is, every thread's interpreter loop checks for it at each step (seconds)
-REST_WAKE_S = 0.5
 
 
 def rest_forever() -> None:
@@ -167,10 +164,10 @@ def rest_forever() -> None:
     keep the callback's frame alive) can still point there. A thread that never ends frees nothing. The caller
     holds no lock (the job body has unwound) and is a daemon thread; the exit path waits on the job's `finished`
     event, never on the thread."""
-    _resting.add(threading.get_ident())
     while True:
         try:
-            _never.acquire(timeout=REST_WAKE_S)  # (wakes now and then: a cancel still pending is taken and dropped)
+            _resting.add(threading.get_ident())
+            _never.acquire()  # (never woken: a daemon thread woken while the interpreter finalizes is forced out)
         except BaseException:  # (a cancel sent just before the job said it finished lands here: it changes nothing)
             continue
 

@@ -300,7 +300,11 @@ def _program_ended() -> bool:
 def _rest_at_exit() -> None:
     """Once the program's end has begun, a job thread (cancelled or done) does not end: it waits for the process to
     end (`job_cancel.rest_forever` says why)."""
-    if _program_ended():
+    try:
+        ending = _program_ended()
+    except BaseException:  # (a late cancel landing here: the program is ending)
+        ending = True
+    if ending:
         rest_forever()
 
 
