@@ -20,6 +20,13 @@ from aitune_core.backends.torch_inductor import TorchInductorBackend
 from aitune_core.strategies.one_backend import OneBackendStrategy
 
 
+def _onnxruntime() -> ONNXRuntimeBackend:
+    """The ONNX Runtime backend; its tests skip where the onnx extra is not installed."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    return ONNXRuntimeBackend()
+
+
 def _torchao():
     quantization = pytest.importorskip("torchao.quantization")
     from aitune_core.backends.torchao import TorchAOBackend, TorchAOBackendConfig
@@ -29,7 +36,7 @@ def _torchao():
 
 BACKENDS = {
     "eager": (TorchEagerBackend, 1e-5),
-    "onnxruntime": (ONNXRuntimeBackend, 1e-4),
+    "onnxruntime": (_onnxruntime, 1e-4),
     "torchao": (_torchao, 0.1),
     "inductor": (TorchInductorBackend, 1e-4),
 }
@@ -61,7 +68,7 @@ def test_save_refits_a_changed_baked_backend_first(tmp_path):
     eager = eager_twin(net)
     wrapped = Module(net, "follow_save")
     tune(wrapped, [torch.randn(8) for _ in range(3)], batch_sizes=[4], strategy=OneBackendStrategy(
-        ONNXRuntimeBackend()))
+        _onnxruntime()))
     with torch.no_grad():
         for model in (net, eager):
             model.fc2.weight.mul_(-3.0)  # no call before the save: nothing was refit yet

@@ -23,6 +23,13 @@ from aitune_core.strategies.one_backend import OneBackendStrategy
 pytest.importorskip("transformers")
 
 
+def _onnxruntime() -> ONNXRuntimeBackend:
+    """The ONNX Runtime backend; its tests skip where the onnx extra is not installed."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    return ONNXRuntimeBackend()
+
+
 def _torchao():
     quantization = pytest.importorskip("torchao.quantization")
     from aitune_core.backends.torchao import TorchAOBackend, TorchAOBackendConfig
@@ -34,7 +41,7 @@ def _torchao():
     ("make_backend", "tolerance"),
     [
         pytest.param(_torchao, 0.1, id="torchao"),
-        pytest.param(ONNXRuntimeBackend, 1e-4, id="onnxruntime", marks=pytest.mark.slow),  # a re-export per swap
+        pytest.param(_onnxruntime, 1e-4, id="onnxruntime", marks=pytest.mark.slow),  # a re-export per swap
         pytest.param(TorchInductorBackend, 1e-4, id="inductor", marks=pytest.mark.slow),
     ],
 )

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 from backend_models import MLP, DictInTupleOut, SmallCNN, dict_call, image_call, mlp_call, record
+
+pytest.importorskip("onnx")  # (the stand-in tensorrt parses ONNX: an install without the onnx extra skips these)
 from fake_tensorrt import make_fake_tensorrt
 
 import aitune_core.backends.tensorrt as trt_backend

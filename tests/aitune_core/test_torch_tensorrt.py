@@ -7,6 +7,8 @@ import sys
 import pytest
 import torch
 from backend_models import MLP, DictInTupleOut, dict_call, mlp_call, record
+
+pytest.importorskip("onnx")  # (the stand-in tensorrt parses ONNX: an install without the onnx extra skips these)
 from fake_tensorrt import make_fake_torch_tensorrt
 
 import aitune_core.backends.torch_tensorrt as tt_backend

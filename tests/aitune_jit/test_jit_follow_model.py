@@ -23,6 +23,13 @@ from aitune_jit.state import NodeState
 from aitune_jit.switch import enable
 
 
+def _onnxruntime() -> ONNXRuntimeBackend:
+    """The ONNX Runtime backend; its tests skip where the onnx extra is not installed."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    return ONNXRuntimeBackend()
+
+
 def _torchao():
     quantization = pytest.importorskip("torchao.quantization")
     from aitune_core.backends.torchao import TorchAOBackend, TorchAOBackendConfig
@@ -32,7 +39,7 @@ def _torchao():
 
 BACKENDS = {
     "eager": (TorchEagerBackend, 1e-5),
-    "onnxruntime": (ONNXRuntimeBackend, 1e-4),
+    "onnxruntime": (_onnxruntime, 1e-4),
     "torchao": (_torchao, 0.1),
     "inductor": (TorchInductorBackend, 1e-4),
 }
