@@ -13,8 +13,12 @@ and the sampled stacks put the main thread inside ordinary eager ops (a convolut
 - **Full garbage collections** of a heap that the compile has doubled: 300-550 ms each, several per job, every
   one a stop for every thread. During a job, `gc.freeze()` moves everything that existed before it out of the
   collector's sight, so the job's collections scan only what the job allocated; the frozen objects come back
-  (`gc.unfreeze()`) when it ends. With `AITUNE_WORKER_GC=pause` automatic collection is off during the job
-  instead and one collection of the youngest generation follows it; `keep` leaves the collector alone.
+  (`gc.unfreeze()`) when the last job ends. With `AITUNE_WORKER_GC=pause` automatic collection is off during the
+  job instead and one collection of the youngest generation follows it; `keep` leaves the collector alone.
+  `gc.freeze()` is also a program's own tool (a server that preloads and forks freezes its heap so the children
+  share its pages): a program that has frozen objects when a job starts keeps its arrangement (the job freezes
+  nothing), and one that freezes more while a job runs keeps everything frozen (the job's unfreeze would thaw
+  the program's objects too).
 
 `AITUNE_WORKER_SWITCH_US` sets the interval in microseconds (0: leave the interpreter's own).
 """
@@ -39,6 +43,7 @@ GC_POLICIES = ("freeze", "pause", "keep")
 _lock = threading.Lock()
 _active = 0  # jobs inside `courteous()` (one at a time in practice; counted to restore exactly once)
 _saved_interval: float | None = None
+_frozen_by_job: int | None = None  # objects frozen when the first job froze the heap (None: the job froze nothing)
 
 
 def switch_interval_s() -> float | None:
@@ -55,38 +60,47 @@ def gc_policy() -> str:
 @contextlib.contextmanager
 def courteous() -> Iterator[None]:
     """Run a tuning job with the GIL handed back quickly and full collections kept small (module docstring)."""
-    _enter_interval()
     policy = gc_policy()
+    _enter(policy)
     paused = policy == "pause" and gc.isenabled()
-    if policy == "freeze":
-        gc.freeze()
-    elif paused:
+    if paused:
         gc.disable()
     try:
         yield
     finally:
-        if policy == "freeze":
-            gc.unfreeze()
-        elif paused:
+        if paused:
             gc.enable()
             gc.collect(0)
-        _leave_interval()
+        _leave()
 
 
-def _enter_interval() -> None:
-    global _active, _saved_interval
+def _enter(policy: str) -> None:
+    global _active, _saved_interval, _frozen_by_job
     interval = switch_interval_s()
     with _lock:
         _active += 1
-        if _active == 1 and interval is not None:
+        if _active != 1:
+            return
+        if interval is not None:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(interval)
+        if policy == "freeze" and gc.get_freeze_count() == 0:  # (a program's own freeze: module docstring)
+            gc.freeze()
+            _frozen_by_job = gc.get_freeze_count()
 
 
-def _leave_interval() -> None:
-    global _active, _saved_interval
+def _leave() -> None:
+    global _active, _saved_interval, _frozen_by_job
     with _lock:
         _active -= 1
-        if _active == 0 and _saved_interval is not None:
+        if _active != 0:
+            return
+        if _saved_interval is not None:
             sys.setswitchinterval(_saved_interval)
             _saved_interval = None
+        if _frozen_by_job is not None:
+            if gc.get_freeze_count() <= _frozen_by_job:  # (frozen objects that died since only lower the count)
+                gc.unfreeze()
+            else:
+                _logger.debug("the program froze objects while a tuning job ran; leaving the heap frozen")
+            _frozen_by_job = None

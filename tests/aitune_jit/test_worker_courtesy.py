@@ -47,3 +47,44 @@ def test_bad_values_warn_and_fall_back_to_the_defaults(monkeypatch, caplog):
         assert wc.gc_policy() == "freeze"
         assert wc.switch_interval_s() == pytest.approx(wc.DEFAULT_SWITCH_INTERVAL_S)
     assert "AITUNE_WORKER_GC" in caplog.text and "AITUNE_WORKER_SWITCH_US" in caplog.text
+
+
+def test_a_program_that_froze_its_heap_keeps_it_frozen(monkeypatch):
+    monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
+    keep = [object() for _ in range(10)]  # (a gc-tracked list: something the program froze)
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        assert before > 0
+        with wc.courteous():
+            assert gc.get_freeze_count() == before  # the job froze nothing more
+        assert gc.get_freeze_count() >= before - 100  # nothing thawed (a few frozen objects may have died)
+    finally:
+        gc.unfreeze()
+    del keep
+
+
+def test_a_program_that_freezes_while_a_job_runs_keeps_everything_frozen(monkeypatch):
+    monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
+    assert gc.get_freeze_count() == 0
+    try:
+        with wc.courteous():
+            frozen_by_job = gc.get_freeze_count()
+            made_during_job = [[] for _ in range(1000)]
+            gc.freeze()  # the program's own freeze, while the job runs
+            assert gc.get_freeze_count() >= frozen_by_job + 900  # (a few of the job's frozen objects may die)
+        assert gc.get_freeze_count() >= frozen_by_job + 900  # the job's unfreeze would have thawed them too
+    finally:
+        gc.unfreeze()
+    del made_during_job
+
+
+def test_two_jobs_at_once_freeze_once_and_thaw_after_the_last(monkeypatch):
+    monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
+    assert gc.get_freeze_count() == 0
+    with wc.courteous():
+        frozen = gc.get_freeze_count()
+        with wc.courteous():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen  # the first job still runs: still frozen
+    assert gc.get_freeze_count() == 0
