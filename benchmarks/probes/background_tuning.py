@@ -31,7 +31,9 @@ aitune; to tell when the JIT switched, it reads `PatchedModule`'s state when ait
 var loaded it). Reported per run: p50 / p99 / max latency of the requests served while tuning ran (the root not
 tuned yet, or the worker busy with more graphs) and after,
 time-to-tuned (from the first request - for torch.compile, from the `torch.compile()` line before it, which
-imports Inductor - to the end of the first request answered by a tuned root), the root's final state
+imports Inductor - to the end of the first request answered by a tuned root), the same from the process's
+launch (`launch_to_tuned_s`: interpreter start, imports and model set-up included, so the JIT's imports at
+`import torch` count as torch.compile's imports in its `torch.compile()` line do), the root's final state
 (and why, when it stayed eager), outputs vs eager on fixed inputs.
 
 Where a slow request waited: a watchdog thread in the served process samples the Python stacks of the main
@@ -177,6 +179,7 @@ def serve(options: argparse.Namespace) -> int:
     # the clock starts before `torch.compile()`: that line imports Inductor (seconds on a GPU machine), a cost the
     # script pays for torch.compile as the JIT pays it on its worker
     start = time.perf_counter()
+    start_wall = time.time()  # (the driver's launch time is on the same wall clock: `launch_to_start_s`)
     setup_s = start - IMPORTED_AT
     target = torch.compile(module, dynamic=options.compile == "dynamic") if options.compile else module
     compile_call_s = time.perf_counter() - start
@@ -221,7 +224,7 @@ def serve(options: argparse.Namespace) -> int:
     node = _root_node(module)
     slowest = sorted(sampler.samples, key=lambda i: -rows[i]["latency_s"] if i < len(rows) else 0)[:8]
     Path(options.out).write_text(json.dumps({
-        "rows": rows, "compile_call_s": compile_call_s, "setup_s": setup_s,
+        "rows": rows, "compile_call_s": compile_call_s, "setup_s": setup_s, "start_wall": start_wall,
         "root_state": node.state.value if node is not None else None,
         "root_reason": node.reason if node is not None else None, "backends": _backends(module),
         "stalls": [{"request": i, "latency_ms": 1e3 * rows[i]["latency_s"], "samples": sampler.samples[i]}
@@ -264,7 +267,7 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
                "--out", str(out), "--check-out", str(check)]
     if contender.startswith("compile"):
         command += ["--compile", "dynamic" if contender == "compile-dynamic" else "default"]
-    began = time.perf_counter()
+    began, launched_wall = time.perf_counter(), time.time()
     try:
         result = subprocess.run(command, env=env, cwd=common.REPO, capture_output=True, text=True,
                                 timeout=args.timeout_s)
@@ -274,6 +277,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
         return {"error": result.stderr[-2000:] or f"exit status {result.returncode}"}
     data = json.loads(out.read_text())  # written before exit: a crash at exit is reported, not hidden
     data["wall_s"] = time.perf_counter() - began
+    if "start_wall" in data:
+        data["launch_to_start_s"] = data["start_wall"] - launched_wall
     data["stderr_lines"] = len(result.stderr.splitlines())
     data["summary"] = [line for line in result.stderr.splitlines() if "aitune" in line or line.startswith("  ")][-40:]
     data["history"] = _history(result.stderr)
@@ -326,7 +331,10 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
     later = rows[20:]
     if later:  # calls a tuned backend answered, after the first 20 (variable shapes: the tuned ranges' coverage)
         summary["served_tuned_after_20"] = sum(bool(r.get("served_tuned")) for r in later) / len(later)
-    for key in ("compile_call_s", "setup_s", "stalls", "long_collections", "stderr_lines", "exit_status", "stderr_tail",
+    if first_tuned is not None and "launch_to_start_s" in data:
+        summary["launch_to_tuned_s"] = data["launch_to_start_s"] + summary["time_to_tuned_s"]
+    for key in ("compile_call_s", "setup_s", "launch_to_start_s", "stalls", "long_collections", "stderr_lines",
+                "exit_status", "stderr_tail",
                 "backends", "summary", "history"):
         if key in data:
             summary[key] = data[key]
@@ -369,6 +377,12 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
         "warm_over_cold_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"), cold.get("time_to_tuned_s")),
         "warm_time_to_tuned_over_warm_compile_first_call": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
                                                                   rows["compile-warm"].get("time_to_tuned_s")),
+        "cold_launch_to_tuned_over_compile": _ratio(cold.get("launch_to_tuned_s"),
+                                                    rows["compile-cold"].get("launch_to_tuned_s")),
+        "warm_launch_to_tuned_over_cold": _ratio(rows["jit-warm"].get("launch_to_tuned_s"),
+                                                 cold.get("launch_to_tuned_s")),
+        "warm_launch_to_tuned_over_compile_warm": _ratio(rows["jit-warm"].get("launch_to_tuned_s"),
+                                                         rows["compile-warm"].get("launch_to_tuned_s")),
         "warm_over_warm_noprefetch_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
                                                           rows["jit-warm-noprefetch"].get("time_to_tuned_s")),
         "warm_over_warm_rebuild_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
@@ -393,7 +407,7 @@ def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, flo
     from rich.table import Table
 
     table = Table(title=f"{name}: latency while tuning runs (ms), time-to-tuned (s)")
-    for column in ("contender", "tuned at s", "first call s", "during p50", "during p99", "during max",
+    for column in ("contender", "tuned at s", "from launch s", "first call s", "during p50", "during p99", "during max",
                    "max after 1st",
                    "after p50", "tuned share", "root", "max |diff|", "exit"):
         table.add_column(column, justify="left" if column in ("contender", "root") else "right")
@@ -402,7 +416,8 @@ def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, flo
         if "error" in row:
             table.add_row(contender, "error: " + row["error"].strip().splitlines()[-1][:60] if row["error"] else "")
             continue
-        table.add_row(contender, _fmt(row["time_to_tuned_s"]), _fmt(row["first_call_s"]),
+        table.add_row(contender, _fmt(row["time_to_tuned_s"]), _fmt(row.get("launch_to_tuned_s")),
+                      _fmt(row["first_call_s"]),
                       _fmt(row["during_p50_ms"]), _fmt(row["during_p99_ms"]), _fmt(row["during_max_ms"]),
                       _fmt(row.get("during_max_after_first_ms")),
                       _fmt(row["after_p50_ms"], 3), _fmt(row.get("served_tuned_after_20")),

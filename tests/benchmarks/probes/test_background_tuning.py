@@ -31,6 +31,9 @@ def test_summary_splits_requests_at_the_switch_and_compares_outputs():
     assert bench.summarize(slow_first, eager)["during_max_after_first_ms"] == 500.0  # start-up reported apart
     assert abs(summary["max_abs_diff_vs_eager"] - 1e-6) < 1e-9
     assert summary["root_state"] == "tuned"
+    assert "launch_to_tuned_s" not in summary  # (a run written before the launch clock)
+    launched = bench.summarize(dict(jit, launch_to_start_s=3.0), eager)
+    assert abs(launched["launch_to_tuned_s"] - 3.704) < 1e-9  # interpreter start, imports and set-up count
 
 
 def test_percentiles_ratios_and_failed_runs():
@@ -62,11 +65,13 @@ def test_stall_sampler_records_where_a_slow_request_waits():
 def test_ratios_compare_the_cold_run_with_eager_and_compile():
     rows = {c: {} for c in bench.CONTENDERS}
     rows["eager"] = {"during_p50_ms": 10.0}
-    rows["jit-cold"] = {"during_p99_ms": 30.0, "during_max_ms": 60.0, "time_to_tuned_s": 40.0, "after_p50_ms": 5.0}
-    rows["jit-warm"] = {"time_to_tuned_s": 4.0}
+    rows["jit-cold"] = {"during_p99_ms": 30.0, "during_max_ms": 60.0, "time_to_tuned_s": 40.0, "after_p50_ms": 5.0,
+                        "launch_to_tuned_s": 45.0}
+    rows["jit-warm"] = {"time_to_tuned_s": 4.0, "launch_to_tuned_s": 9.0}
     # torch.compile's time-to-tuned (its compile() line and first request) is the reference, not the first call alone
-    rows["compile-cold"] = {"first_call_s": 18.0, "time_to_tuned_s": 20.0, "after_p50_ms": 5.0}
-    rows["compile-warm"] = {"first_call_s": 6.0, "time_to_tuned_s": 8.0}
+    rows["compile-cold"] = {"first_call_s": 18.0, "time_to_tuned_s": 20.0, "after_p50_ms": 5.0,
+                            "launch_to_tuned_s": 30.0}
+    rows["compile-warm"] = {"first_call_s": 6.0, "time_to_tuned_s": 8.0, "launch_to_tuned_s": 12.0}
     rows["jit-blocking"] = {"after_p50_ms": 5.0}
     eager_rows = [_row(0, 0.010, False)] * 98 + [_row(0, 0.015, False)] * 2  # p99: the 99th of 100
     ratio = bench.ratios(rows, eager_rows)
@@ -76,6 +81,8 @@ def test_ratios_compare_the_cold_run_with_eager_and_compile():
     assert ratio["warm_over_cold_time_to_tuned"] == 0.1
     assert ratio["warm_time_to_tuned_over_warm_compile_first_call"] == 0.5
     assert ratio["steady_background_over_blocking"] == 1.0 and ratio["steady_jit_over_compile"] == 1.0
+    assert ratio["cold_launch_to_tuned_over_compile"] == 1.5 and ratio["warm_launch_to_tuned_over_cold"] == 0.2
+    assert ratio["warm_launch_to_tuned_over_compile_warm"] == 0.75
 
 
 def test_a_run_killed_by_a_signal_keeps_the_faulthandler_stacks(tmp_path, monkeypatch):
@@ -93,4 +100,5 @@ def test_a_run_killed_by_a_signal_keeps_the_faulthandler_stacks(tmp_path, monkey
                               stall_ms=50.0, timeout_s=60.0, packages="off")
     data = bench._run("jit-cold", "tiny_resnet", "mixed", args, tmp_path)
     assert data["exit_status"] == -11
+    assert "launch_to_start_s" not in data  # (the fake child wrote no start time)
     assert len(data["stderr_tail"]) > 1000 and data["stderr_tail"].endswith(stacks[-100:])
