@@ -14,6 +14,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
   request is served) and a cache folder of its own;
 - `jit-cold-profile`: as `jit-cold` with `AITUNE_WORKER_YIELD_GATE=profile` (the job steps aside through a
   profile function instead of the monitoring callback of Python 3.12+) and a cache folder of its own;
+- `jit-cold-gconce`: as `jit-cold` with `AITUNE_WORKER_GC=freeze-once` (the heap is frozen at the job's start
+  only, not again after each full collection) and a cache folder of its own;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
 - `jit-warm-noprefetch`: as `jit-warm` with `AITUNE_WORKER_PREFETCH=off` (torch's compiler is not imported in
   the background while the script builds its model: `aitune_jit/compiler_prefetch.py`);
@@ -29,7 +31,8 @@ Workloads: `resnet50-mixed` and `bert-mixed` (batches 1 and 32, three small requ
 `bert-varlen` (batch 8, sequence length drawn from 32..128 per request). The serving script imports nothing of
 aitune; to tell when the JIT switched, it reads `PatchedModule`'s state when aitune is already loaded (the env
 var loaded it). Reported per run: p50 / p99 / max latency of the requests served while tuning ran (the root not
-tuned yet, or the worker busy with more graphs) and after,
+tuned yet, or the worker busy with more graphs) and after, and p99 / max of the same requests counted from when
+each was due (`due_*`: the previous request's end plus its pause, so the wait for the GIL on waking counts),
 time-to-tuned (from the first request - for torch.compile, from the `torch.compile()` line before it, which
 imports Inductor - to the end of the first request answered by a tuned root), the same from the process's
 launch (`launch_to_tuned_s`: interpreter start, imports and model set-up included, so the JIT's imports at
@@ -47,7 +50,6 @@ import argparse
 import gc
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,6 +62,7 @@ from typing import Any
 import torch
 
 from benchmarks import common
+from benchmarks.probes.background_tuning_report import print_table, ratios, summarize
 
 #: when this module was imported (after torch): a served process's set-up before its first request is measured
 #: from here (`setup_s`: the model built and moved to its device, what a compiler prefetch overlaps)
@@ -70,7 +73,8 @@ WORKLOADS = {
             "bert-varlen": ("bert_base", "varlen")},
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
-CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-cold-profile", "jit-warm",
+CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-cold-profile", "jit-cold-gconce",
+              "jit-warm",
               "jit-warm-noprefetch", "jit-warm-rebuild", "jit-blocking", "compile-cold", "compile-warm",
               "compile-dynamic")
 CHECK_SEEDS = (1000, 1001)
@@ -193,11 +197,13 @@ def serve(options: argparse.Namespace) -> int:
     rng = torch.Generator().manual_seed(7)
     rows = []
     steady_from = None  # the first request after the root is tuned and the worker has nothing left to do
+    due = None  # when the request was due: the end of the previous one plus its pause (`late_s`)
     with torch.no_grad():
         for index in range(options.requests):
             batch, seq = _shape(options.schedule, index, rng, longest)
             kwargs = {k: v.to(device) for k, v in _inputs(options.model, module, batch, seq, index % 8).items()}
             begin = time.perf_counter()
+            late = begin - due if due is not None else 0.0
             sampler.current = (index, begin)
             misses = _misses(module)
             call(kwargs)
@@ -208,13 +214,15 @@ def serve(options: argparse.Namespace) -> int:
             sampler.current = None
             tuned = _root_tuned(module) or bool(options.compile)
             busy = _worker_busy()
-            rows.append({"t": begin - start, "latency_s": latency, "batch": batch, "seq": seq, "tuned": tuned,
-                         "tuning": busy or not tuned, "served_tuned": tuned_call})
+            rows.append({"t": begin - start, "latency_s": latency, "late_s": late, "batch": batch, "seq": seq,
+                         "tuned": tuned, "tuning": busy or not tuned, "served_tuned": tuned_call})
             if tuned and not busy and steady_from is None:
                 steady_from = index
             if steady_from is not None and index - steady_from >= options.after:
                 break
-            time.sleep(max(0.0, options.interval_ms / 1000 - latency))
+            pause = max(0.0, options.interval_ms / 1000 - latency)
+            due = time.perf_counter() + pause
+            time.sleep(pause)
         checks = []
         for seed in CHECK_SEEDS:
             out = call({k: v.to(device) for k, v in _inputs(options.model, module, 4, 64, seed).items()})
@@ -252,6 +260,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-nostep"), AITUNE_WORKER_YIELD_MS="0")
         if contender == "jit-cold-thread":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-thread"), AITUNE_WORKER_COMPILE="thread")
+        if contender == "jit-cold-gconce":
+            env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-gconce"), AITUNE_WORKER_GC="freeze-once")
         if contender == "jit-cold-profile":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-profile"),
                        AITUNE_WORKER_YIELD_GATE="profile")
@@ -295,138 +305,6 @@ def _history(stderr: str, limit: int = 60) -> list[str]:
     lines = stderr.split("JIT Tuning History:", 1)[1].splitlines() if "JIT Tuning History:" in stderr else []
     noise = ("child module", "Skipping", "New top module")
     return [line for line in lines if line.strip() and not any(word in line for word in noise)][:limit]
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, Any]:
-    if "error" in data:
-        return {"error": data["error"]}
-    rows = data["rows"]
-    # while tuning runs (the root not tuned yet, or the worker still busy with other graphs) / after it all ended
-    during = [r["latency_s"] for r in rows if r.get("tuning", not r["tuned"])]
-    # the process's first request pays CUDA/cuDNN start-up in every contender, eager included (`first_call_s`)
-    during_later = [r["latency_s"] for r in rows[1:] if r.get("tuning", not r["tuned"])]
-    after = [r["latency_s"] for r in rows if not r.get("tuning", not r["tuned"])]
-    first_tuned = next((r for r in rows if r["tuned"]), None)
-    summary = {
-        "requests": len(rows),
-        # the end of the first request a tuned root answered (for torch.compile: the end of its first call)
-        "time_to_tuned_s": first_tuned["t"] + first_tuned["latency_s"] if first_tuned is not None else None,
-        "root_state": data.get("root_state"),
-        "root_reason": data.get("root_reason"),
-        "first_call_s": rows[0]["latency_s"],
-        "during_p50_ms": 1e3 * statistics.median(during) if during else None,
-        "during_p99_ms": 1e3 * _pct(during, 0.99) if during else None,
-        "during_max_ms": 1e3 * max(during) if during else None,
-        "during_max_after_first_ms": 1e3 * max(during_later) if during_later else None,
-        "after_p50_ms": 1e3 * statistics.median(after[1:]) if len(after) > 1 else None,
-        "after_max_ms": 1e3 * max(after[1:]) if len(after) > 1 else None,
-    }
-    later = rows[20:]
-    if later:  # calls a tuned backend answered, after the first 20 (variable shapes: the tuned ranges' coverage)
-        summary["served_tuned_after_20"] = sum(bool(r.get("served_tuned")) for r in later) / len(later)
-    if first_tuned is not None and "launch_to_start_s" in data:
-        summary["launch_to_tuned_s"] = data["launch_to_start_s"] + summary["time_to_tuned_s"]
-    for key in ("compile_call_s", "setup_s", "launch_to_start_s", "stalls", "long_collections", "stderr_lines",
-                "exit_status", "stderr_tail",
-                "backends", "summary", "history"):
-        if key in data:
-            summary[key] = data[key]
-    if eager is not None and "checks" in eager:
-        pairs = zip(data["checks"], eager["checks"], strict=True)
-        summary["max_abs_diff_vs_eager"] = max(float((a - b).abs().max()) for a, b in pairs)
-    return summary
-
-
-def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) -> dict[str, float | None]:
-    """The acceptance ratios of one workload (None where a run failed or has no such phase). "compile first call"
-    is torch.compile's time-to-tuned: its `torch.compile()` line and its first request."""
-    eager_p99 = _pct([r["latency_s"] for r in eager_rows], 0.99)
-    cold, base = rows["jit-cold"], rows["eager"]
-    return {
-        "eager_p50_ms": base.get("during_p50_ms"),
-        "eager_p99_ms": 1e3 * eager_p99 if eager_p99 else None,
-        "during_p99_over_eager_p99": _ratio(cold.get("during_p99_ms"), 1e3 * eager_p99 if eager_p99 else None),
-        "during_max_over_eager_p99": _ratio(cold.get("during_max_ms"), 1e3 * eager_p99 if eager_p99 else None),
-        "during_max_after_first_over_eager_p99": _ratio(cold.get("during_max_after_first_ms"),
-                                                        1e3 * eager_p99 if eager_p99 else None),
-        "thread_during_p99_over_eager_p99": _ratio(rows["jit-cold-thread"].get("during_p99_ms"),
-                                                   1e3 * eager_p99 if eager_p99 else None),
-        "thread_during_max_over_eager_p99": _ratio(rows["jit-cold-thread"].get("during_max_ms"),
-                                                   1e3 * eager_p99 if eager_p99 else None),
-        "nostep_during_p99_over_eager_p99": _ratio(rows["jit-cold-nostep"].get("during_p99_ms"),
-                                                   1e3 * eager_p99 if eager_p99 else None),
-        "nostep_during_max_over_eager_p99": _ratio(rows["jit-cold-nostep"].get("during_max_ms"),
-                                                   1e3 * eager_p99 if eager_p99 else None),
-        "nostep_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-nostep"].get("time_to_tuned_s"),
-                                                               rows["compile-cold"].get("time_to_tuned_s")),
-        "profile_during_p99_over_eager_p99": _ratio(rows["jit-cold-profile"].get("during_p99_ms"),
-                                                    1e3 * eager_p99 if eager_p99 else None),
-        "profile_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-profile"].get("time_to_tuned_s"),
-                                                                rows["compile-cold"].get("time_to_tuned_s")),
-        "thread_time_to_tuned_over_compile_first_call": _ratio(rows["jit-cold-thread"].get("time_to_tuned_s"),
-                                                               rows["compile-cold"].get("time_to_tuned_s")),
-        "cold_time_to_tuned_over_compile_first_call": _ratio(cold.get("time_to_tuned_s"),
-                                                             rows["compile-cold"].get("time_to_tuned_s")),
-        "warm_over_cold_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"), cold.get("time_to_tuned_s")),
-        "warm_time_to_tuned_over_warm_compile_first_call": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
-                                                                  rows["compile-warm"].get("time_to_tuned_s")),
-        "cold_launch_to_tuned_over_compile": _ratio(cold.get("launch_to_tuned_s"),
-                                                    rows["compile-cold"].get("launch_to_tuned_s")),
-        "warm_launch_to_tuned_over_cold": _ratio(rows["jit-warm"].get("launch_to_tuned_s"),
-                                                 cold.get("launch_to_tuned_s")),
-        "warm_launch_to_tuned_over_compile_warm": _ratio(rows["jit-warm"].get("launch_to_tuned_s"),
-                                                         rows["compile-warm"].get("launch_to_tuned_s")),
-        "warm_over_warm_noprefetch_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
-                                                          rows["jit-warm-noprefetch"].get("time_to_tuned_s")),
-        "warm_over_warm_rebuild_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
-                                                       rows["jit-warm-rebuild"].get("time_to_tuned_s")),
-        "steady_background_over_blocking": _ratio(cold.get("after_p50_ms"), rows["jit-blocking"].get("after_p50_ms")),
-        "steady_jit_over_compile": _ratio(cold.get("after_p50_ms"), rows["compile-cold"].get("after_p50_ms")),
-        "steady_blocking_over_compile_dynamic": _ratio(rows["jit-blocking"].get("after_p50_ms"),
-                                                       rows["compile-dynamic"].get("after_p50_ms")),
-    }
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
-
-
-def _fmt(value: Any, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-
-
-def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, float | None]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{name}: latency while tuning runs (ms), time-to-tuned (s)")
-    for column in ("contender", "tuned at s", "from launch s", "first call s", "during p50", "during p99", "during max",
-                   "max after 1st",
-                   "after p50", "tuned share", "root", "max |diff|", "exit"):
-        table.add_column(column, justify="left" if column in ("contender", "root") else "right")
-    for contender in CONTENDERS:
-        row = rows[contender]
-        if "error" in row:
-            table.add_row(contender, "error: " + row["error"].strip().splitlines()[-1][:60] if row["error"] else "")
-            continue
-        table.add_row(contender, _fmt(row["time_to_tuned_s"]), _fmt(row.get("launch_to_tuned_s")),
-                      _fmt(row["first_call_s"]),
-                      _fmt(row["during_p50_ms"]), _fmt(row["during_p99_ms"]), _fmt(row["during_max_ms"]),
-                      _fmt(row.get("during_max_after_first_ms")),
-                      _fmt(row["after_p50_ms"], 3), _fmt(row.get("served_tuned_after_20")),
-                      str(row["root_state"] or ""),
-                      _fmt(row.get("max_abs_diff_vs_eager"), 6) if "max_abs_diff_vs_eager" in row else "-",
-                      str(row.get("exit_status", "")))
-    console = Console(width=max(Console().width, 160))  # a log file is narrow otherwise
-    console.print(table)
-    console.print({k: round(v, 3) if isinstance(v, float) else v for k, v in ratio.items()})
 
 
 def drive(args: argparse.Namespace) -> int:
