@@ -12,9 +12,13 @@ and the sampled stacks put the main thread inside ordinary eager ops (a convolut
   The previous interval comes back when the job ends.
 - **Full garbage collections** of a heap that the compile has doubled: 300-550 ms each, several per job, every
   one a stop for every thread. During a job, `gc.freeze()` moves everything that existed before it out of the
-  collector's sight, so the job's collections scan only what the job allocated; the frozen objects come back
-  (`gc.unfreeze()`) when the last job ends. With `AITUNE_WORKER_GC=pause` automatic collection is off during the
-  job instead and one collection of the youngest generation follows it; `keep` leaves the collector alone.
+  collector's sight, so the job's collections scan only what the job allocated. The job allocates a lot that
+  lives on (the compiler's modules, imported on the first build; its caches), so on an H200 its full
+  collections still took 180-270 ms each: after each full collection during a job, what survived it is frozen
+  too (`gc.callbacks`), so the next one scans only what is newer. Everything frozen comes back
+  (`gc.unfreeze()`) when the last job ends; `AITUNE_WORKER_GC=freeze-once` freezes only at the start. With
+  `AITUNE_WORKER_GC=pause` automatic collection is off during the job instead and one collection of the youngest
+  generation follows it; `keep` leaves the collector alone.
   `gc.freeze()` is also a program's own tool (a server that preloads and forks freezes its heap so the children
   share its pages): a program that has frozen objects when a job starts keeps its arrangement (the job freezes
   nothing), and one that freezes more while a job runs keeps everything frozen (the job's unfreeze would thaw
@@ -38,7 +42,9 @@ _logger = logging.getLogger("aitune.jit")
 
 #: the switch interval while a job runs (seconds): a thread that asks for the GIL waits about this long
 DEFAULT_SWITCH_INTERVAL_S = 10e-6
-GC_POLICIES = ("freeze", "pause", "keep")
+GC_POLICIES = ("freeze", "freeze-once", "pause", "keep")
+#: the generation whose collections scan everything not frozen
+OLDEST = 2
 
 _lock = threading.Lock()
 _active = 0  # jobs inside `courteous()` (one at a time in practice; counted to restore exactly once)
@@ -53,7 +59,7 @@ def switch_interval_s() -> float | None:
 
 
 def gc_policy() -> str:
-    """`AITUNE_WORKER_GC`: freeze (default), pause or keep (see the module docstring)."""
+    """`AITUNE_WORKER_GC`: freeze (default), freeze-once, pause or keep (see the module docstring)."""
     return env_choice("AITUNE_WORKER_GC", GC_POLICIES, "freeze")
 
 
@@ -84,9 +90,11 @@ def _enter(policy: str) -> None:
         if interval is not None:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(interval)
-        if policy == "freeze" and gc.get_freeze_count() == 0:  # (a program's own freeze: module docstring)
+        if policy.startswith("freeze") and gc.get_freeze_count() == 0:  # (a program's own freeze: docstring)
             gc.freeze()
             _frozen_by_job = gc.get_freeze_count()
+            if policy == "freeze":
+                gc.callbacks.append(_freeze_survivors)
 
 
 def _leave() -> None:
@@ -98,9 +106,21 @@ def _leave() -> None:
         if _saved_interval is not None:
             sys.setswitchinterval(_saved_interval)
             _saved_interval = None
+        if _freeze_survivors in gc.callbacks:
+            gc.callbacks.remove(_freeze_survivors)
         if _frozen_by_job is not None:
             if gc.get_freeze_count() <= _frozen_by_job:  # (frozen objects that died since only lower the count)
                 gc.unfreeze()
             else:
                 _logger.debug("the program froze objects while a tuning job ran; leaving the heap frozen")
             _frozen_by_job = None
+
+
+def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
+    """A `gc.callbacks` entry while a job runs: after a full collection, freeze what survived it (module
+    docstring). It runs on whichever thread collected, possibly one inside `_enter` or `_leave`, so it takes no
+    lock; one assignment keeps the count that `_leave` compares with."""
+    global _frozen_by_job
+    if phase == "stop" and info.get("generation") == OLDEST and _frozen_by_job is not None:
+        gc.freeze()
+        _frozen_by_job = gc.get_freeze_count()

@@ -88,3 +88,28 @@ def test_two_jobs_at_once_freeze_once_and_thaw_after_the_last(monkeypatch):
             assert gc.get_freeze_count() == frozen
         assert gc.get_freeze_count() == frozen  # the first job still runs: still frozen
     assert gc.get_freeze_count() == 0
+
+
+def test_what_survives_a_full_collection_during_a_job_is_frozen_too(monkeypatch):
+    monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
+    assert gc.get_freeze_count() == 0
+    with wc.courteous():
+        frozen_at_start = gc.get_freeze_count()
+        made_by_job = [[] for _ in range(5000)]  # (what a compile leaves behind: it lives on)
+        gc.collect()  # a full collection: the survivors join the frozen heap, so the next one skips them
+        assert gc.get_freeze_count() >= frozen_at_start + 5000
+        gc.collect(0)  # a young collection freezes nothing more
+    assert gc.get_freeze_count() == 0 and wc._freeze_survivors not in gc.callbacks  # all thawed, hook gone
+    del made_by_job
+
+
+def test_freeze_once_freezes_only_at_the_start(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_GC", "freeze-once")
+    with wc.courteous():
+        frozen_at_start = gc.get_freeze_count()
+        made_by_job = [[] for _ in range(5000)]
+        gc.collect()
+        assert frozen_at_start > 0 and gc.get_freeze_count() < frozen_at_start + 5000
+        assert wc._freeze_survivors not in gc.callbacks
+    assert gc.get_freeze_count() == 0
+    del made_by_job
