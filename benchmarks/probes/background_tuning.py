@@ -14,8 +14,9 @@ For each workload, fresh processes serve a fixed request stream (one request eve
   request is served) and a cache folder of its own;
 - `jit-cold-profile`: as `jit-cold` with `AITUNE_WORKER_YIELD_GATE=profile` (the job steps aside through a
   profile function instead of the monitoring callback of Python 3.12+) and a cache folder of its own;
-- `jit-cold-gconce`: as `jit-cold` with `AITUNE_WORKER_GC=freeze-once` (the heap is frozen at the job's start
-  only, not again after each full collection) and a cache folder of its own;
+- `jit-cold-gconce` / `jit-cold-gcpause`: as `jit-cold` with `AITUNE_WORKER_GC=freeze-once` (the heap is frozen
+  at the job's start only, not again after each full collection) / `pause` (no automatic collection during the
+  job), each with a cache folder of its own;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
 - `jit-warm-noprefetch`: as `jit-warm` with `AITUNE_WORKER_PREFETCH=off` (torch's compiler is not imported in
   the background while the script builds its model: `aitune_jit/compiler_prefetch.py`);
@@ -32,7 +33,8 @@ Workloads: `resnet50-mixed` and `bert-mixed` (batches 1 and 32, three small requ
 aitune; to tell when the JIT switched, it reads `PatchedModule`'s state when aitune is already loaded (the env
 var loaded it). Reported per run: p50 / p99 / max latency of the requests served while tuning ran (the root not
 tuned yet, or the worker busy with more graphs) and after, and p99 / max of the same requests counted from when
-each was due (`due_*`: the previous request's end plus its pause, so the wait for the GIL on waking counts),
+each was due (`due_*`: the previous request's end plus its pause; the request's inputs are made before that,
+so the wait for the GIL on waking from the pause counts and the client's own work does not),
 time-to-tuned (from the first request - for torch.compile, from the `torch.compile()` line before it, which
 imports Inductor - to the end of the first request answered by a tuned root), the same from the process's
 launch (`launch_to_tuned_s`: interpreter start, imports and model set-up included, so the JIT's imports at
@@ -73,7 +75,9 @@ WORKLOADS = {
             "bert-varlen": ("bert_base", "varlen")},
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
-CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-cold-profile", "jit-cold-gconce",
+#: contenders that run `jit-cold` with another collector policy of the worker (`AITUNE_WORKER_GC`)
+GC_CONTENDERS = {"jit-cold-gconce": "freeze-once", "jit-cold-gcpause": "pause"}
+CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-cold-profile", *GC_CONTENDERS,
               "jit-warm",
               "jit-warm-noprefetch", "jit-warm-rebuild", "jit-blocking", "compile-cold", "compile-warm",
               "compile-dynamic")
@@ -156,7 +160,8 @@ class StallSampler:
             took = time.perf_counter() - self._gc_began
             if took > 0.005:
                 self.collections.append({"t": self._gc_began - self._origin, "ms": 1e3 * took,
-                                         "generation": info.get("generation"),
+                                         "generation": info.get("generation"), "collected": info.get("collected"),
+                                         "frozen": gc.get_freeze_count(),
                                          "thread": threading.current_thread().name})
 
     def _loop(self) -> None:
@@ -197,13 +202,15 @@ def serve(options: argparse.Namespace) -> int:
     rng = torch.Generator().manual_seed(7)
     rows = []
     steady_from = None  # the first request after the root is tuned and the worker has nothing left to do
-    due = None  # when the request was due: the end of the previous one plus its pause (`late_s`)
+    due = None  # when the request is due: the end of the previous one plus its pause (`late_s`)
     with torch.no_grad():
         for index in range(options.requests):
             batch, seq = _shape(options.schedule, index, rng, longest)
             kwargs = {k: v.to(device) for k, v in _inputs(options.model, module, batch, seq, index % 8).items()}
+            if due is not None:  # (the inputs are made first: the client's work is not the server's latency)
+                time.sleep(max(0.0, due - time.perf_counter()))
             begin = time.perf_counter()
-            late = begin - due if due is not None else 0.0
+            late = max(0.0, begin - due) if due is not None else 0.0
             sampler.current = (index, begin)
             misses = _misses(module)
             call(kwargs)
@@ -220,9 +227,7 @@ def serve(options: argparse.Namespace) -> int:
                 steady_from = index
             if steady_from is not None and index - steady_from >= options.after:
                 break
-            pause = max(0.0, options.interval_ms / 1000 - latency)
-            due = time.perf_counter() + pause
-            time.sleep(pause)
+            due = time.perf_counter() + max(0.0, options.interval_ms / 1000 - latency)
         checks = []
         for seed in CHECK_SEEDS:
             out = call({k: v.to(device) for k, v in _inputs(options.model, module, 4, 64, seed).items()})
@@ -260,8 +265,9 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-nostep"), AITUNE_WORKER_YIELD_MS="0")
         if contender == "jit-cold-thread":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-thread"), AITUNE_WORKER_COMPILE="thread")
-        if contender == "jit-cold-gconce":
-            env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-gconce"), AITUNE_WORKER_GC="freeze-once")
+        if contender in GC_CONTENDERS:
+            env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-{contender}"),
+                       AITUNE_WORKER_GC=GC_CONTENDERS[contender])
         if contender == "jit-cold-profile":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-profile"),
                        AITUNE_WORKER_YIELD_GATE="profile")
