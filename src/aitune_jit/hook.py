@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from aitune_core.patch import Patch
-from aitune_jit import runtime, summary
+from aitune_jit import job_rng, runtime, summary
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.runtime import (
     CANDIDATE,
@@ -204,6 +204,7 @@ def install() -> None:
     with _state.lock:
         if is_installed():
             return
+        job_rng.preload_rich()  # (here, on the program's thread: see job_rng)
         original = torch.nn.Module.__call__
         _state.call_patch = Patch(torch.nn.Module, "__call__", _make_patched_call(original)).apply()
         process.installed = True

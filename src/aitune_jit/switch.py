@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aitune_core.log import install_stderr_warnings, remove_stderr_warnings
-from aitune_jit import compiler_prefetch, hook
+from aitune_jit import compiler_prefetch, hook, job_rng
 
 
 def enable() -> None:
@@ -22,6 +22,7 @@ def disable() -> None:
     and per-module state are removed, tuned modules run their original forward again; the stderr handler of
     `enable` is removed."""
     hook.uninstall()
+    job_rng.uninstall()
     remove_stderr_warnings()
 
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aitune_jit import capture_guard, device_guard_pin, py_start_gate
+from aitune_jit import capture_guard, device_guard_pin, job_rng, py_start_gate
 from aitune_jit.config import jit_config
 from aitune_jit.job_cancel import TuningCancelled, cancel, join_cancelled, rest_forever
 from aitune_jit.outcome import TuningOutcome
@@ -214,7 +214,8 @@ class TuningWorker:
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
             gate = steps_aside(capture_guard.capturing_here)  # (waits from the start)
-            with gate as job.gate, _own_stream(node), courteous(), compiles_in_subprocess():
+            with (job_rng.on_job_thread(), gate as job.gate, _own_stream(node), courteous(),
+                  compiles_in_subprocess()):
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)
@@ -331,6 +332,7 @@ def submit(node: TuningNode, run: Callable[[TuningNode], None]) -> None:
     """Queue `node` for tuning by `run(node)` on the worker (started on first use)."""
     global _worker, _atexit_registered
     device_guard_pin.pin()  # (before the first job thread traces: see device_guard_pin)
+    job_rng.install()  # (a job's compiles leave the program's random streams alone: see job_rng)
     with _worker_lock:
         if _worker is None:
             _worker = TuningWorker(run)
@@ -380,11 +382,12 @@ def start_side_job(name: str, task: Callable[[], None], imported: threading.Even
     global _atexit_registered
     job = _Job.side(name)
     settled = imported if imported is not None else job.finished
+    job_rng.install()
 
     def body() -> None:
         _local.job = job
         try:
-            with steps_aside() as job.gate:
+            with job_rng.on_job_thread(), steps_aside() as job.gate:
                 task()
         except Exception:
             _logger.debug("%s failed", name, exc_info=True)
