@@ -23,6 +23,7 @@ import torch
 
 from aitune_core.errors import NotReplayableError
 from aitune_core.recording.argument_watch import ArgumentWatch
+from aitune_core.recording.module_effects import ModuleEffects
 from aitune_core.recording.sample import owned_inputs
 from aitune_core.validation.tensor_slots import tensor_slots
 from aitune_jit.config import jit_config
@@ -46,9 +47,14 @@ class NodeRecording:
         if self._tuning and self._seen_enough(args, kwargs):  # during its job only new graphs are recorded
             return forward(*args, **kwargs)
         watch = self._watch(args, kwargs)
+        effects = self._effects()
         before = self._copy_before(args, kwargs) if self._stateful else None
         output = forward(*args, **kwargs)
         try:
+            changed = effects.changes() if effects is not None else None
+            if changed is not None:
+                self._effects_changed(changed)
+                return output  # (a call that changed the module is not replayed)
             self._record(args, kwargs, output, watch, before)
             if self._pending:
                 self._try_tune()
@@ -64,6 +70,29 @@ class NodeRecording:
         except Exception as exc:
             _logger.debug("%s: cannot watch the arguments of this call (%r)", self.path, exc)
             return None
+
+    def _effects(self) -> ModuleEffects | None:
+        """A fingerprint of the module and the random streams before this call (`ModuleEffects`), or None on the
+        node's first call: a forward may set up caches of its own then (a lazily built table), which later calls,
+        and replays, leave as they are."""
+        recorder, module = self._recorder, self.module
+        if recorder is None or module is None or recorder.total_calls == 0:
+            return None
+        try:
+            return ModuleEffects.before(module)
+        except Exception as exc:
+            _logger.debug("%s: cannot fingerprint the module before this call (%r)", self.path, exc)
+            return None
+
+    def _effects_changed(self, changed: str) -> None:
+        """A recorded call changed the module or drew random numbers (`ModuleEffects`). The second such call makes
+        the node not replayable; one alone may be another thread of the program drawing at the same moment."""
+        if self._effects_seen is None:
+            self._effects_seen = changed
+            _logger.debug("%s: a recorded call %s; not recorded", self.path, changed)
+        elif not self._tuning:
+            self._not_replayable(f"its forward {changed}, so replaying its calls for tuning would change what the "
+                                 "program computes")
 
     def _seen_enough(self, args: tuple, kwargs: dict) -> bool:
         """The call's graph has `min_samples` recordings already: while the worker tunes the node, such calls are

@@ -70,6 +70,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         "_checked_graphs",
         "_child_names",
         "_dispatcher",
+        "_effects_seen",
         "_entries",
         "_failed",
         "_follow",
@@ -130,6 +131,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         self._pending = False
         self._tuning = False
         self._stateful: str | None = None  # what its forward changes in its arguments (node_recording.py)
+        self._effects_seen: str | None = None  # what a recorded call changed in the module (node_recording.py)
         self._quiet = 0
         self._proxy: torch.nn.Module | None = None
         self._child_names: dict[int, str] | None = None

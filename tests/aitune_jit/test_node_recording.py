@@ -12,7 +12,7 @@ from aitune_jit.config import jit_config
 from aitune_jit.node_recording import missing_for_tuning
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.state import NodeState
-from aitune_jit.switch import enable
+from aitune_jit.switch import disable, enable
 
 
 def _setup() -> None:
@@ -101,3 +101,61 @@ def _record_length(embed, recorder, length: int):
     ids = torch.randint(0, 200, (8, length))
     with torch.no_grad():
         return recorder.record((ids,), {}, embed(ids))
+
+
+class _Counting(torch.nn.Module):
+    """A forward that changes its module (a call counter, a step buffer) or draws noise: replays would repeat it."""
+
+    def __init__(self, effect: str) -> None:
+        super().__init__()
+        self.body = make_mlp()
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.effect = effect
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.effect == "counter":
+            self.calls += 1
+        elif self.effect == "buffer":
+            self.steps.add_(1)
+        elif self.effect == "noise":
+            x = x + torch.randn_like(x)
+        return self.body(x)
+
+
+def test_a_forward_that_changes_its_module_is_not_replayed_and_the_program_sees_its_own_state():
+    _setup()
+    for effect in ("counter", "buffer", "noise"):
+        model = _Counting(effect).eval()
+        enable()
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for _ in range(6):
+                model(torch.randn(2, 32))
+        after = torch.rand(1)
+        node = PatchedModule.of(model)
+        assert node.state is NodeState.EAGER and "replaying its calls for tuning would change" in node.reason, effect
+        assert model.calls == (6 if effect == "counter" else 0) and int(model.steps) == (6 if effect == "buffer" else 0)
+        if effect == "noise":  # the program's stream is where it would be without aitune
+            torch.manual_seed(0)
+            for _ in range(6):
+                torch.randn(2, 32), torch.randn(2, 32)
+            assert torch.equal(after, torch.rand(1))
+        assert node.children and all(child.state is not NodeState.EAGER or "replaying" not in (child.reason or "")
+                                     for child in node.children), "its children are still candidates"
+        disable()
+
+
+def test_one_call_that_draws_is_not_enough_to_give_up():
+    """Another thread of the program may draw at the moment a recorded call runs: a single call proves nothing."""
+    _setup()
+    model = make_mlp()
+    enable()
+    with torch.no_grad():
+        model(torch.randn(2, 32))  # the node exists and records from now on
+        node = PatchedModule.of(model)
+        node._effects_changed("draws from torch's random generator")  # as if another thread drew meanwhile
+        assert node.state is NodeState.RECORDING
+        for _ in range(3):
+            model(torch.randn(2, 32))
+    assert node.state is NodeState.TUNED

@@ -1,0 +1,126 @@
+"""`ModuleEffects`: what one call of a module did to the module itself and to the process's random streams.
+
+Why it exists: tuning replays recorded calls on the program's own module (the eager timings, a compile's
+warm-up, validation). `ArgumentWatch` covers what a forward does to its arguments; this covers the rest of what
+a replay would do again:
+
+- the module's tensors: a forward that writes its buffers (a step counter, running statistics, a ring buffer of
+  past outputs) or rebinds them would see every replay as one more step;
+- its plain Python attributes: a forward that counts its calls or appends to a list attribute;
+- the random streams (torch's default CPU generator, the current CUDA device's, Python's `random`): a forward that
+  draws noise (`torch.randn_like`, dropout) would take numbers that the program's later draws would have had.
+
+Measured with scripts a user could write (this CPU, 2026-11-26): a buffer counter read 114 after two calls
+instead of 2, a call counter went backwards, and the program's own `torch.rand` values changed after tuning.
+Such a module is not replayed, so it is not tuned (its children still can be).
+
+`ModuleEffects.before(module)` takes the fingerprint (tensors by identity and version counter, no data read;
+attributes by value for simple values, by identity and length for containers, by identity otherwise; the random
+states by value); `changes()`, after the call, names the first difference, or returns None. Attributes that torch
+or aitune keep on a module (its parameter, buffer, submodule and hook tables, aitune's node slot and forward
+wrapper) are not the forward's doing and are left out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import random
+from typing import Any
+
+import torch
+
+_SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
+_SIZED = (list, dict, set, bytearray)
+#: a module's own bookkeeping, not state its forward keeps (the tensors are fingerprinted through their tables)
+_BOOKKEEPING = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "forward",
+                          "_compiled_call_impl"})
+
+
+def _is_bookkeeping(key: str) -> bool:
+    return key in _BOOKKEEPING or "hook" in key or key.startswith("_aitune")
+
+
+def _tensor(value: torch.Tensor) -> tuple[Any, ...]:
+    try:
+        return ("tensor", id(value), value._version)
+    except RuntimeError:  # inference tensors track no version counter
+        return ("tensor", id(value), None)
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _tensor(value)
+    if isinstance(value, _SIMPLE):
+        return ("value", type(value), value)
+    if isinstance(value, _SIZED):
+        return ("sized", id(value), len(value))
+    return ("object", id(value))
+
+
+def _module_state(module: torch.nn.Module) -> dict[tuple[str, str], Any]:
+    state: dict[tuple[str, str], Any] = {}
+    for name, sub in module.named_modules(remove_duplicate=True):
+        for key, value in vars(sub).items():
+            if not _is_bookkeeping(key):
+                state[(name, key)] = _value(value)
+        for table in ("_parameters", "_buffers"):
+            for key, tensor in getattr(sub, table, {}).items():
+                state[(name, key)] = _tensor(tensor) if tensor is not None else None
+    return state
+
+
+def _random_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch's random generator": torch.default_generator.get_state(),
+                              "Python's random module": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        with contextlib.suppress(Exception):  # (a device that cannot report it: nothing to compare)
+            states["the CUDA random generator"] = torch.cuda.default_generators[torch.cuda.current_device()].get_state()
+    return states
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
+class ModuleEffects:
+    """The fingerprint of `module` and the random streams before one call (see the module docstring)."""
+
+    __slots__ = ("_module", "_random", "_state")
+
+    def __init__(self, module: torch.nn.Module, state: dict[tuple[str, str], Any], randoms: dict[str, Any]) -> None:
+        self._module = module
+        self._state = state
+        self._random = randoms
+
+    @classmethod
+    def before(cls, module: torch.nn.Module) -> ModuleEffects:
+        return cls(module, _module_state(module), _random_states())
+
+    def changes(self) -> str | None:
+        """What the call changed, in words ("its attribute `calls`", "torch's random generator"), or None."""
+        for source, state in _random_states().items():
+            if source in self._random and not _same(self._random[source], state):
+                return f"draws from {source}"
+        now = _module_state(self._module)
+        for (name, key), fingerprint in now.items():
+            if self._state.get((name, key), _MISSING) != fingerprint:
+                return f"changes {_describe(name, key, fingerprint)}"
+        for name, key in self._state.keys() - now.keys():
+            return f"removes its attribute `{_qualified(name, key)}`"
+        return None
+
+
+_MISSING = object()
+
+
+def _qualified(name: str, key: str) -> str:
+    return f"{name}.{key}" if name else key
+
+
+def _describe(name: str, key: str, fingerprint: Any) -> str:
+    kind = fingerprint[0] if isinstance(fingerprint, tuple) else ""
+    what = "tensor" if kind == "tensor" else "attribute"
+    return f"its {what} `{_qualified(name, key)}`"

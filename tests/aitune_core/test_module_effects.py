@@ -1,0 +1,92 @@
+"""aitune_core/recording/module_effects.py: a call that writes or rebinds the module's tensors, changes its plain
+attributes or draws random numbers is named; a pure call, and aitune's or torch's own bookkeeping, are not."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from torch import nn
+
+from aitune_core.recording.module_effects import ModuleEffects
+
+
+class _Net(nn.Module):
+    def __init__(self, effect: str = "") -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+        self.effect = effect
+        self.calls = 0
+        self.log: list[int] = []
+        self.scale = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        effect = self.effect
+        if effect == "buffer":
+            self.steps.add_(1)
+        elif effect == "rebind":
+            self.steps = self.steps + 1
+        elif effect == "counter":
+            self.calls += 1
+        elif effect == "append":
+            self.log.append(1)
+        elif effect == "torch-random":
+            x = x + torch.randn_like(x)
+        elif effect == "python-random":
+            x = x * random.random()
+        elif effect == "child-weight":
+            self.fc.weight.mul_(1.0)
+        return self.fc(x) * self.scale
+
+
+def _changes(net: nn.Module) -> str | None:
+    watch = ModuleEffects.before(net)
+    with torch.no_grad():
+        net(torch.ones(2, 4))
+    return watch.changes()
+
+
+def test_a_pure_forward_changes_nothing():
+    assert _changes(_Net()) is None
+
+
+def test_each_kind_of_effect_is_named():
+    expected = {
+        "buffer": "its tensor `steps`",
+        "rebind": "its tensor `steps`",
+        "counter": "its attribute `calls`",
+        "append": "its attribute `log`",
+        "torch-random": "torch's random generator",
+        "python-random": "Python's random module",
+        "child-weight": "its tensor `fc.weight`",
+    }
+    for effect, words in expected.items():
+        changed = _changes(_Net(effect))
+        assert changed is not None and words in changed, (effect, changed)
+
+
+def test_bookkeeping_and_changes_between_calls_are_not_the_forwards():
+    net = _Net()
+    watch = ModuleEffects.before(net)
+    net.register_forward_hook(lambda *_: None)  # a hook table: torch's bookkeeping
+    net.__dict__["_aitune_jit_node"] = object()  # aitune's slot on a module
+    with torch.no_grad():
+        net(torch.ones(2, 4))
+    assert watch.changes() is None
+    net.scale = 3.0  # the program's own change, before the next fingerprint: not this call's effect
+    assert _changes(net) is None
+
+
+def test_an_attribute_added_or_removed_by_the_forward_is_named():
+    class Adds(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if hasattr(self, "seen"):
+                del self.seen
+            else:
+                self.seen = True
+            return x
+
+    module = Adds()
+    assert "its attribute `seen`" in _changes(module)
+    assert "removes its attribute `seen`" in _changes(module)
