@@ -11,11 +11,24 @@ decides where the collected lines go (aitune's history, a DEBUG log).
 Only torch's loggers are redirected: the application's own logging is untouched. Records other threads emit on
 torch's loggers while the block runs are collected too; that is the price of not changing torch's logger
 configuration for good.
+
+Warnings are collected from the capturing thread only, and the warning filters are left as the program set them.
+A background job captures on its own thread while the program runs on; `warnings.catch_warnings` there (as
+before) changed process-wide state: the program's warnings went into the job's collection while it ran, and
+its filters were replaced (a program run with `-W error` saw no error from its own warning during tuning). Now
+`warnings.showwarning` is wrapped while any capture runs (`_WarningRoute`): a warning shown on a capturing
+thread goes to that thread's collection, any other goes to whatever `showwarning` was before. A warning the
+program's filters turn into an error raises inside tuning, which then fails; the program is not affected.
+
+A process forked while a capture runs has no thread to end it: the child puts torch's handlers and
+`warnings.showwarning` back at once (`os.register_at_fork`).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -80,13 +93,80 @@ def capture_torch_logs() -> Iterator[CapturedLogs]:
         saved.append((logger, list(logger.handlers), logger.propagate))
         logger.handlers = [collector]
         logger.propagate = False
+    _running.append(saved)
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("default")
+        with _ROUTE.to(captured):
             yield captured
-        for warning in caught:
-            captured.add(f"{warning.category.__name__}: {warning.message}", False)
     finally:
-        for logger, handlers, propagate in saved:
-            logger.handlers = handlers
-            logger.propagate = propagate
+        _put_back(saved)
+        if saved in _running:
+            _running.remove(saved)
+
+
+_running: list[list[tuple[logging.Logger, list[logging.Handler], bool]]] = []  # captures in progress, oldest first
+
+
+def _put_back(saved: list[tuple[logging.Logger, list[logging.Handler], bool]]) -> None:
+    for logger, handlers, propagate in saved:
+        logger.handlers = handlers
+        logger.propagate = propagate
+
+
+class _WarningRoute:
+    """`warnings.showwarning` while captures run: per thread, to its capture or to what was there before."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sinks: dict[int, CapturedLogs] = {}
+        self._previous = None  # the `showwarning` this route wrapped
+        self._installed = None  # the wrapper, while it is `warnings.showwarning`
+
+    @contextmanager
+    def to(self, sink: CapturedLogs) -> Iterator[None]:
+        ident = threading.get_ident()
+        with self._lock:
+            outer = self._sinks.get(ident)
+            self._sinks[ident] = sink
+            if self._installed is None:
+                self._previous = warnings.showwarning
+                self._installed = self._show
+                warnings.showwarning = self._installed
+        try:
+            yield
+        finally:
+            with self._lock:
+                if outer is not None:
+                    self._sinks[ident] = outer
+                else:
+                    del self._sinks[ident]
+                if not self._sinks and self._installed is not None:
+                    if warnings.showwarning is self._installed:  # (a showwarning set since is the program's: kept)
+                        warnings.showwarning = self._previous
+                    self._installed = self._previous = None
+
+    def _show(self, message, category, filename, lineno, file=None, line=None) -> None:
+        sink = self._sinks.get(threading.get_ident())
+        if sink is not None:
+            sink.add(f"{category.__name__}: {message}", False)
+            return
+        previous = self._previous or warnings._showwarning_orig  # (removed meanwhile by another thread)
+        previous(message, category, filename, lineno, file, line)
+
+
+_ROUTE = _WarningRoute()
+
+
+def _after_fork_in_child() -> None:
+    """The child of a fork made during a capture: torch's handlers and `showwarning` as before it (newest capture
+    first, so the oldest one's saved handlers, torch's own, are the last put back)."""
+    global _ROUTE
+    while _running:
+        _put_back(_running.pop())
+    route = _ROUTE
+    if route._installed is not None and warnings.showwarning is route._installed:
+        warnings.showwarning = route._previous
+    _ROUTE = _WarningRoute()  # (a fresh lock: the parent's job thread may have held it at the fork)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

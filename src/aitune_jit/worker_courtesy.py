@@ -25,6 +25,9 @@ and the sampled stacks put the main thread inside ordinary eager ops (a convolut
   the program's objects too).
 
 `AITUNE_WORKER_SWITCH_US` sets the interval in microseconds (0: leave the interpreter's own).
+
+A process forked while a job runs (a DataLoader worker, a preforking server) has no job thread, so nothing there
+would ever restore the interval or thaw the heap: the child puts both back at once (`os.register_at_fork`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -124,3 +128,20 @@ def _freeze_survivors(phase: str, info: dict[str, int]) -> None:
     if phase == "stop" and info.get("generation") == OLDEST and _frozen_by_job is not None:
         gc.freeze()
         _frozen_by_job = gc.get_freeze_count()
+
+
+def _after_fork_in_child() -> None:
+    """The child of a fork made while a job ran: the job's changes come off (module docstring)."""
+    global _lock, _active, _saved_interval, _frozen_by_job
+    _lock = threading.Lock()  # (the parent's job thread may have held it at the fork)
+    if _active and _saved_interval is not None:
+        sys.setswitchinterval(_saved_interval)
+    if _freeze_survivors in gc.callbacks:
+        gc.callbacks.remove(_freeze_survivors)
+    if _frozen_by_job is not None:
+        gc.unfreeze()
+    _active, _saved_interval, _frozen_by_job = 0, None, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

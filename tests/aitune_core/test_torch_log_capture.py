@@ -56,3 +56,68 @@ def test_capture_is_bounded():
         for index in range(MAX_LINES + 5):
             logging.getLogger("torch._dynamo").warning("line %d", index)
     assert len(captured.lines) == MAX_LINES and captured.dropped == 5
+
+
+def _on_another_thread(task) -> list[BaseException]:
+    import threading
+
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            task()
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return failures
+
+
+def test_other_threads_warnings_and_the_programs_filters_are_left_alone(monkeypatch):
+    """A background job captures on its thread while the program runs on: the program's warnings are not taken, and
+    its filters (here `-W error`) still apply to it."""
+    shown: list[str] = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *args, **kwargs: shown.append(str(message)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        with capture_torch_logs() as captured:
+            assert _on_another_thread(lambda: warnings.warn("the program's own", UserWarning, stacklevel=1)) == []
+            warnings.warn("torch's, on the capturing thread", UserWarning, stacklevel=1)
+            warnings.simplefilter("error")  # the program's filters are global: the capture never replaced them
+            failures = _on_another_thread(lambda: warnings.warn("an error now", DeprecationWarning, stacklevel=1))
+            assert len(failures) == 1 and isinstance(failures[0], DeprecationWarning)
+    assert shown == ["the program's own"]
+    assert captured.lines == ["UserWarning: torch's, on the capturing thread"]
+
+
+def test_showwarning_comes_back_unless_the_program_replaced_it_meanwhile(monkeypatch):
+    before = warnings.showwarning
+    with capture_torch_logs():
+        assert warnings.showwarning is not before
+    assert warnings.showwarning is before
+
+    def programs(*args, **kwargs) -> None:
+        return None
+
+    with capture_torch_logs():
+        monkeypatch.setattr(warnings, "showwarning", programs)
+    assert warnings.showwarning is programs
+
+
+def test_a_process_forked_during_a_capture_gets_torchs_handlers_and_showwarning_back():
+    import os
+
+    import pytest
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    dynamo = logging.getLogger("torch._dynamo")
+    handlers, show = list(dynamo.handlers), warnings.showwarning
+    with capture_torch_logs():
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if dynamo.handlers == handlers and warnings.showwarning is show else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

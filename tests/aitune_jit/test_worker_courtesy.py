@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 
 import pytest
@@ -113,3 +114,20 @@ def test_freeze_once_freezes_only_at_the_start(monkeypatch):
         assert wc._freeze_survivors not in gc.callbacks
     assert gc.get_freeze_count() == 0
     del made_by_job
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_process_forked_while_a_job_runs_gets_the_interval_and_the_heap_back(monkeypatch):
+    monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
+    monkeypatch.delenv("AITUNE_WORKER_SWITCH_US", raising=False)
+    before = sys.getswitchinterval()
+    with wc.courteous():
+        pid = os.fork()
+        if pid == 0:  # the child: a DataLoader worker, a preforked server process
+            ok = sys.getswitchinterval() == before and gc.get_freeze_count() == 0
+            with wc.courteous():  # and its own jobs work as in any process
+                ok = ok and gc.get_freeze_count() > 0
+            os._exit(0 if ok and gc.get_freeze_count() == 0 else 1)
+        _, status = os.waitpid(pid, 0)
+        assert gc.get_freeze_count() > 0  # the parent's job is untouched
+    assert os.waitstatus_to_exitcode(status) == 0
