@@ -30,6 +30,7 @@ behind can point into what the thread's end freed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -175,3 +176,17 @@ def rest_forever() -> None:
 def resting(thread: Any) -> bool:
     """True when `thread` waits in `rest_forever`."""
     return thread.ident in _resting and thread.is_alive()
+
+
+def keep_interrupt_exit_status() -> None:
+    """A script that ends with an uncaught KeyboardInterrupt exits as if killed by SIGINT (status 130): CPython
+    sets a flag when the script's code raised it and checks it after finalizing. Any `exec` or `eval` of a string
+    clears that flag (CPython resets it before running such code), and a job thread compiling when the script
+    ended runs such code (generated functions: dataclasses, Inductor's wrappers): the process exited with status 1.
+    Called at the end of the exit cancel, once the jobs are stopped: when the script's exception was exactly
+    KeyboardInterrupt, running code that raises it sets the flag again. Never raises."""
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if type(last) is not KeyboardInterrupt:
+        return
+    with contextlib.suppress(KeyboardInterrupt):
+        exec("raise KeyboardInterrupt")  # (a constant string: the CPython path that sets the flag)

@@ -51,7 +51,7 @@ import torch
 
 from aitune_jit import capture_guard, device_guard_pin, job_rng, py_start_gate
 from aitune_jit.config import jit_config
-from aitune_jit.job_cancel import TuningCancelled, cancel, join_cancelled, rest_forever
+from aitune_jit.job_cancel import TuningCancelled, cancel, join_cancelled, keep_interrupt_exit_status, rest_forever
 from aitune_jit.outcome import TuningOutcome
 from aitune_jit.state import NodeState
 from aitune_jit.tuning_order import expected_gain, pick_next
@@ -469,6 +469,7 @@ def _at_exit() -> None:
     for job in list(_live_jobs):
         join_cancelled(job, deadline)
     py_start_gate.remove()  # (a thread still in torch's C++ code keeps no callback on every function start)
+    keep_interrupt_exit_status()
 
 
 def _after_fork_in_child() -> None:

@@ -172,3 +172,32 @@ def test_a_thread_that_rests_stays_alive_and_shrugs_off_a_late_cancel(monkeypatc
         _step()  # (this thread runs Python meanwhile)
     time.sleep(0.05)
     assert len(attempts) == 2 and thread.is_alive() and job_cancel.resting(thread)
+
+
+def _interrupted_script(keep: bool) -> int:
+    """A script that ends with an uncaught KeyboardInterrupt while a thread runs `exec` of a string (as a job thread
+    compiling then does) before the exit cancel ends: its exit status."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import threading
+        from aitune_jit.job_cancel import keep_interrupt_exit_status
+
+        def at_exit():
+            exec("generated = 1")  # what a job thread may run after the script ended
+            if {keep}:
+                keep_interrupt_exit_status()
+
+        threading._register_atexit(at_exit)
+        raise KeyboardInterrupt
+    """)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode
+
+
+def test_a_script_ended_by_ctrl_c_keeps_its_sigint_exit_status():
+    import signal
+
+    assert _interrupted_script(keep=False) == 1  # CPython's flag was cleared by the exec: status 1
+    assert _interrupted_script(keep=True) == -signal.SIGINT  # as without aitune: killed by SIGINT (130 in a shell)
