@@ -60,7 +60,7 @@ class CapturedLogs:
             return "torch logged nothing"
         first = self.lines[0].splitlines()[0][:200]
         total = len(self.lines) + self.dropped
-        return f"torch logged {total} line(s) ({self.errors} at ERROR); first: {first}"
+        return f"torch logged {total} line(s) ({self.errors} at error level); first: {first}"
 
 
 class _Collector(logging.Handler):
