@@ -187,6 +187,7 @@ def serve(options: argparse.Namespace) -> int:
     module = models.build(options.model, 1).module.to(device)
     # the clock starts before `torch.compile()`: that line imports Inductor (seconds on a GPU machine), a cost the
     # script pays for torch.compile as the JIT pays it on its worker
+    frozen_at_start = gc.get_freeze_count()  # (objects frozen before the first request: not by a tuning job)
     start = time.perf_counter()
     start_wall = time.time()  # (the driver's launch time is on the same wall clock: `launch_to_start_s`)
     setup_s = start - IMPORTED_AT
@@ -238,6 +239,7 @@ def serve(options: argparse.Namespace) -> int:
     slowest = sorted(sampler.samples, key=lambda i: -rows[i]["latency_s"] if i < len(rows) else 0)[:8]
     Path(options.out).write_text(json.dumps({
         "rows": rows, "compile_call_s": compile_call_s, "setup_s": setup_s, "start_wall": start_wall,
+        "frozen_at_start": frozen_at_start,
         "root_state": node.state.value if node is not None else None,
         "root_reason": node.reason if node is not None else None, "backends": _backends(module),
         "stalls": [{"request": i, "latency_ms": 1e3 * rows[i]["latency_s"], "samples": sampler.samples[i]}

@@ -21,8 +21,8 @@ and the sampled stacks put the main thread inside ordinary eager ops (a convolut
   generation follows it; `keep` leaves the collector alone.
   `gc.freeze()` is also a program's own tool (a server that preloads and forks freezes its heap so the children
   share its pages): a program that has frozen objects when a job starts keeps its arrangement (the job freezes
-  nothing), and one that freezes more while a job runs keeps everything frozen (the job's unfreeze would thaw
-  the program's objects too).
+  nothing and pauses automatic collection instead, as `pause` does), and one that freezes more while a job runs
+  keeps everything frozen (the job's unfreeze would thaw the program's objects too).
 
 `AITUNE_WORKER_SWITCH_US` sets the interval in microseconds (0: leave the interpreter's own).
 
@@ -70,8 +70,7 @@ def gc_policy() -> str:
 @contextlib.contextmanager
 def courteous() -> Iterator[None]:
     """Run a tuning job with the GIL handed back quickly and full collections kept small (module docstring)."""
-    policy = gc_policy()
-    _enter(policy)
+    policy = _enter(gc_policy())
     paused = policy == "pause" and gc.isenabled()
     if paused:
         gc.disable()
@@ -84,21 +83,26 @@ def courteous() -> Iterator[None]:
         _leave()
 
 
-def _enter(policy: str) -> None:
+def _enter(policy: str) -> str:
+    """Count the job in; the first one sets the interval and freezes. Returns the policy this job runs under: a
+    freeze policy becomes "pause" when the program has frozen objects of its own (module docstring)."""
     global _active, _saved_interval, _frozen_by_job
     interval = switch_interval_s()
     with _lock:
         _active += 1
+        if policy.startswith("freeze") and _frozen_by_job is None and gc.get_freeze_count() > 0:
+            policy = "pause"  # (the program's own freeze: this job neither freezes nor thaws)
         if _active != 1:
-            return
+            return policy
         if interval is not None:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(interval)
-        if policy.startswith("freeze") and gc.get_freeze_count() == 0:  # (a program's own freeze: docstring)
+        if policy.startswith("freeze"):
             gc.freeze()
             _frozen_by_job = gc.get_freeze_count()
             if policy == "freeze":
                 gc.callbacks.append(_freeze_survivors)
+        return policy
 
 
 def _leave() -> None:

@@ -59,6 +59,8 @@ def test_a_program_that_froze_its_heap_keeps_it_frozen(monkeypatch):
         assert before > 0
         with wc.courteous():
             assert gc.get_freeze_count() == before  # the job froze nothing more
+            assert not gc.isenabled()  # it pauses automatic collection instead
+        assert gc.isenabled()
         assert gc.get_freeze_count() >= before - 100  # nothing thawed (a few frozen objects may have died)
     finally:
         gc.unfreeze()
