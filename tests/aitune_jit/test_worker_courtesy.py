@@ -26,10 +26,10 @@ def test_switch_interval_is_lowered_during_the_job_and_restored(monkeypatch):
 
 def test_freeze_hides_the_old_heap_during_the_job_and_gives_it_back(monkeypatch):
     monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
     with wc.courteous():
-        assert gc.get_freeze_count() > 0 and gc.isenabled()
-    assert gc.get_freeze_count() == 0
+        assert gc.get_freeze_count() > wc.FROZEN_AT_IMPORT and gc.isenabled()
+    assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
 
 
 def test_pause_turns_automatic_collection_off_and_back_on_even_when_the_job_fails(monkeypatch):
@@ -69,7 +69,7 @@ def test_a_program_that_froze_its_heap_keeps_it_frozen(monkeypatch):
 
 def test_a_program_that_freezes_while_a_job_runs_keeps_everything_frozen(monkeypatch):
     monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
     try:
         with wc.courteous():
             frozen_by_job = gc.get_freeze_count()
@@ -84,25 +84,26 @@ def test_a_program_that_freezes_while_a_job_runs_keeps_everything_frozen(monkeyp
 
 def test_two_jobs_at_once_freeze_once_and_thaw_after_the_last(monkeypatch):
     monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
     with wc.courteous():
         frozen = gc.get_freeze_count()
         with wc.courteous():
             assert gc.get_freeze_count() == frozen
         assert gc.get_freeze_count() == frozen  # the first job still runs: still frozen
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
 
 
 def test_what_survives_a_full_collection_during_a_job_is_frozen_too(monkeypatch):
     monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
     with wc.courteous():
         frozen_at_start = gc.get_freeze_count()
         made_by_job = [[] for _ in range(5000)]  # (what a compile leaves behind: it lives on)
         gc.collect()  # a full collection: the survivors join the frozen heap, so the next one skips them
         assert gc.get_freeze_count() >= frozen_at_start + 5000
         gc.collect(0)  # a young collection freezes nothing more
-    assert gc.get_freeze_count() == 0 and wc._freeze_survivors not in gc.callbacks  # all thawed, hook gone
+    assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT  # all thawed (Python 3.12's own frozen objects too)
+    assert wc._freeze_survivors not in gc.callbacks
     del made_by_job
 
 
@@ -114,7 +115,7 @@ def test_freeze_once_freezes_only_at_the_start(monkeypatch):
         gc.collect()
         assert frozen_at_start > 0 and gc.get_freeze_count() < frozen_at_start + 5000
         assert wc._freeze_survivors not in gc.callbacks
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
     del made_by_job
 
 
@@ -126,10 +127,10 @@ def test_a_process_forked_while_a_job_runs_gets_the_interval_and_the_heap_back(m
     with wc.courteous():
         pid = os.fork()
         if pid == 0:  # the child: a DataLoader worker, a preforked server process
-            ok = sys.getswitchinterval() == before and gc.get_freeze_count() == 0
+            ok = sys.getswitchinterval() == before and gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
             with wc.courteous():  # and its own jobs work as in any process
                 ok = ok and gc.get_freeze_count() > 0
-            os._exit(0 if ok and gc.get_freeze_count() == 0 else 1)
+            os._exit(0 if ok and gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT else 1)
         _, status = os.waitpid(pid, 0)
         assert gc.get_freeze_count() > 0  # the parent's job is untouched
     assert os.waitstatus_to_exitcode(status) == 0
