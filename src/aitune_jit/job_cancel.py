@@ -173,6 +173,26 @@ def rest_forever() -> None:
             continue
 
 
+def release_logging_locks() -> None:
+    """Release the `logging` locks the calling thread holds: the module's lock and each handler's. Called by a job
+    thread as its body ends (before it says it finished). An asynchronous cancel can land between a lock's acquire
+    and the `try` that releases it (logging's `isEnabledFor` takes the module lock on a cache miss); the thread then
+    ended, or rested, holding it, and the program's next log call at exit waited for it for good (1 of 6 exits
+    of `tests/aitune_jit/scripts/exit_while_tuning.py` hung in aitune's exit summary). Never raises."""
+    locks = [getattr(logging, "_lock", None)]
+    for ref in list(getattr(logging, "_handlerList", [])):
+        handler = ref()
+        if handler is not None:
+            locks.append(handler.lock)
+    for lock in locks:
+        owned = getattr(lock, "_is_owned", None)
+        try:
+            while owned is not None and owned():
+                lock.release()
+        except Exception:  # (not an RLock after all: nothing to release)
+            continue
+
+
 def resting(thread: Any) -> bool:
     """True when `thread` waits in `rest_forever`."""
     return thread.ident in _resting and thread.is_alive()

@@ -67,8 +67,7 @@ def skipped_here() -> bool:
 def _skip_on_job_thread(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def restore(*args: Any, **kwargs: Any) -> Any:
-        if _local.inside:
-            _logger.debug("a random-state restore on a tuning job's thread skipped (%s)", original.__qualname__)
+        if _local.inside:  # (no logging here: it runs at each compile's end, where an exit cancel often lands)
             return None
         return original(*args, **kwargs)
 

@@ -51,7 +51,14 @@ import torch
 
 from aitune_jit import capture_guard, device_guard_pin, job_rng, py_start_gate
 from aitune_jit.config import jit_config
-from aitune_jit.job_cancel import TuningCancelled, cancel, join_cancelled, keep_interrupt_exit_status, rest_forever
+from aitune_jit.job_cancel import (
+    TuningCancelled,
+    cancel,
+    join_cancelled,
+    keep_interrupt_exit_status,
+    release_logging_locks,
+    rest_forever,
+)
 from aitune_jit.outcome import TuningOutcome
 from aitune_jit.state import NodeState
 from aitune_jit.tuning_order import expected_gain, pick_next
@@ -222,6 +229,7 @@ class TuningWorker:
         except TuningCancelled:
             _logger.debug("tuning job of %s cancelled at exit", job.path)
         finally:
+            release_logging_locks()  # (before saying it finished: see job_cancel)
             _local.job = None
             _live_jobs.discard(job)
             job.finished.set()
@@ -394,6 +402,7 @@ def start_side_job(name: str, task: Callable[[], None], imported: threading.Even
         except TuningCancelled:
             pass  # (the program ended first)
         finally:
+            release_logging_locks()
             _local.job = None
             _live_jobs.discard(job)
             _side_jobs.pop(job, None)

@@ -201,3 +201,37 @@ def test_a_script_ended_by_ctrl_c_keeps_its_sigint_exit_status():
 
     assert _interrupted_script(keep=False) == 1  # CPython's flag was cleared by the exec: status 1
     assert _interrupted_script(keep=True) == -signal.SIGINT  # as without aitune: killed by SIGINT (130 in a shell)
+
+
+def test_a_job_thread_lets_go_of_logging_locks_a_cancel_left_it_holding():
+    """An asynchronous cancel landing between a lock's acquire and its `try` leaves the lock held: the program's next
+    log call at exit waited for it for good. The job thread releases what it holds before it says it finished."""
+    import logging
+    import threading
+
+    from aitune_jit.job_cancel import release_logging_locks
+
+    handler = logging.StreamHandler()
+    logging.getLogger("aitune.test.locks").addHandler(handler)
+    leaked, released = threading.Event(), threading.Event()
+
+    def job() -> None:
+        logging._lock.acquire()  # as `isEnabledFor` does on a cache miss, then the cancel lands
+        handler.lock.acquire()
+        handler.lock.acquire()  # (an RLock taken twice: released as often)
+        leaked.set()
+        release_logging_locks()
+        released.set()
+        threading.Event().wait(0.5)  # the thread lives on (as a resting job thread does)
+
+    thread = threading.Thread(target=job, daemon=True)
+    thread.start()
+    try:
+        assert leaked.wait(10) and released.wait(10)
+        assert logging._lock.acquire(timeout=2)
+        logging._lock.release()
+        assert handler.lock.acquire(timeout=2)
+        handler.lock.release()
+    finally:
+        logging.getLogger("aitune.test.locks").removeHandler(handler)
+        thread.join(5)
