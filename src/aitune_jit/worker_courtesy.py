@@ -12,13 +12,15 @@ and the sampled stacks put the main thread inside ordinary eager ops (a convolut
   The previous interval comes back when the job ends.
 - **Full garbage collections** of a heap that the compile has doubled: 300-550 ms each, several per job, every
   one a stop for every thread. During a job, `gc.freeze()` moves everything that existed before it out of the
-  collector's sight, so the job's collections scan only what the job allocated. The job allocates a lot that
-  lives on (the compiler's modules, imported on the first build; its caches), so on an H200 its full
-  collections still took 180-270 ms each: after each full collection during a job, what survived it is frozen
-  too (`gc.callbacks`), so the next one scans only what is newer. Everything frozen comes back
-  (`gc.unfreeze()`) when the last job ends; `AITUNE_WORKER_GC=freeze-once` freezes only at the start. With
-  `AITUNE_WORKER_GC=pause` automatic collection is off during the job instead and one collection of the youngest
-  generation follows it; `keep` leaves the collector alone.
+  collector's sight, so the job's collections scan only what the job allocated; everything frozen comes back
+  (`gc.unfreeze()`) when the last job ends. The job allocates a lot that lives on (the compiler's modules and
+  caches), so on an H200 its full collections still took 70-135 ms each. `AITUNE_WORKER_GC=refreeze` also
+  freezes what survives each full collection during a job (`gc.callbacks`), so the next one scans only what is
+  newer: 20-35 ms each in the same runs. It is not the default: cyclic garbage that was alive at such a moment
+  is not collected until the job ends, and in one of its runs the `reduce-overhead` candidate failed torch's
+  check that every tensor left in the CUDA-graph pool is an output (an error seen before without it, not shown to
+  be caused by it). With `AITUNE_WORKER_GC=pause` automatic collection is off during the job instead and one
+  collection of the youngest generation follows it; `keep` leaves the collector alone.
   `gc.freeze()` is also a program's own tool (a server that preloads and forks freezes its heap so the children
   share its pages): a program that has frozen objects when a job starts keeps its arrangement (the job freezes
   nothing and pauses automatic collection instead, as `pause` does), and one that freezes more while a job runs
@@ -48,7 +50,7 @@ _logger = logging.getLogger("aitune.jit")
 
 #: the switch interval while a job runs (seconds): a thread that asks for the GIL waits about this long
 DEFAULT_SWITCH_INTERVAL_S = 10e-6
-GC_POLICIES = ("freeze", "freeze-once", "pause", "keep")
+GC_POLICIES = ("freeze", "refreeze", "pause", "keep")
 #: the generation whose collections scan everything not frozen
 OLDEST = 2
 
@@ -67,7 +69,7 @@ def switch_interval_s() -> float | None:
 
 
 def gc_policy() -> str:
-    """`AITUNE_WORKER_GC`: freeze (default), freeze-once, pause or keep (see the module docstring)."""
+    """`AITUNE_WORKER_GC`: freeze (default), refreeze, pause or keep (see the module docstring)."""
     return env_choice("AITUNE_WORKER_GC", GC_POLICIES, "freeze")
 
 
@@ -94,17 +96,18 @@ def _enter(policy: str) -> str:
     interval = switch_interval_s()
     with _lock:
         _active += 1
-        if policy.startswith("freeze") and _frozen_by_job is None and gc.get_freeze_count() > FROZEN_AT_IMPORT:
+        freezes = policy in ("freeze", "refreeze")
+        if freezes and _frozen_by_job is None and gc.get_freeze_count() > FROZEN_AT_IMPORT:
             policy = "pause"  # (the program's own freeze: this job neither freezes nor thaws)
         if _active != 1:
             return policy
         if interval is not None:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(interval)
-        if policy.startswith("freeze"):
+        if policy in ("freeze", "refreeze"):
             gc.freeze()
             _frozen_by_job = gc.get_freeze_count()
-            if policy == "freeze":
+            if policy == "refreeze":
                 gc.callbacks.append(_freeze_survivors)
         return policy
 

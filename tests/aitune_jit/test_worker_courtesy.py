@@ -93,8 +93,8 @@ def test_two_jobs_at_once_freeze_once_and_thaw_after_the_last(monkeypatch):
     assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
 
 
-def test_what_survives_a_full_collection_during_a_job_is_frozen_too(monkeypatch):
-    monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
+def test_refreeze_freezes_what_survives_a_full_collection_during_a_job(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_GC", "refreeze")
     assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
     with wc.courteous():
         frozen_at_start = gc.get_freeze_count()
@@ -107,8 +107,8 @@ def test_what_survives_a_full_collection_during_a_job_is_frozen_too(monkeypatch)
     del made_by_job
 
 
-def test_freeze_once_freezes_only_at_the_start(monkeypatch):
-    monkeypatch.setenv("AITUNE_WORKER_GC", "freeze-once")
+def test_the_default_freezes_only_at_the_start(monkeypatch):
+    monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
     with wc.courteous():
         frozen_at_start = gc.get_freeze_count()
         made_by_job = [[] for _ in range(5000)]
