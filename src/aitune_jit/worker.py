@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aitune_jit import capture_guard, device_guard_pin, job_rng, py_start_gate
+from aitune_jit import capture_guard, device_guard_pin, job_rng, py_start_gate, training_switch
 from aitune_jit.config import jit_config
 from aitune_jit.job_cancel import (
     TuningCancelled,
@@ -221,11 +221,13 @@ class TuningWorker:
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
             gate = steps_aside(capture_guard.capturing_here)  # (waits from the start)
-            with (job_rng.on_job_thread(), gate as job.gate, _own_stream(node), courteous(),
-                  compiles_in_subprocess()):
+            with (job_rng.on_job_thread(), gate as job.gate, training_switch.watching(node.module, job),
+                  _own_stream(node), courteous(), compiles_in_subprocess()):
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)
+        except training_switch.TrainingSwitched:
+            pass  # (said in the history; the node records again)
         except TuningCancelled:
             _logger.debug("tuning job of %s cancelled at exit", job.path)
         finally:
