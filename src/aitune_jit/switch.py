@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aitune_core.log import install_stderr_warnings, remove_stderr_warnings
-from aitune_jit import compiler_prefetch, hook, job_rng
+from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_rng
 
 
 def enable() -> None:
@@ -23,6 +23,7 @@ def disable() -> None:
     `enable` is removed."""
     hook.uninstall()
     job_rng.uninstall()
+    fx_trace_lock.uninstall()
     remove_stderr_warnings()
 
 

@@ -59,8 +59,6 @@ from aitune_jit.job_cancel import (
     release_logging_locks,
     rest_forever,
 )
-from aitune_jit.outcome import TuningOutcome
-from aitune_jit.state import NodeState
 from aitune_jit.tuning_order import expected_gain, pick_next
 from aitune_jit.worker_compile_process import compiles_in_subprocess
 from aitune_jit.worker_courtesy import courteous
@@ -238,6 +236,11 @@ class TuningWorker:
             _rest_at_exit()
 
 
+def _keeps_running() -> bool:
+    """The job does not step aside while it captures a CUDA graph or traces with a program thread waiting."""
+    return capture_guard.capturing_here() or fx_trace_lock.others_waiting_here()
+
+
 @contextlib.contextmanager
 def _own_stream(node: TuningNode) -> Iterator[None]:
     """On CUDA, compile and capture on a side stream, so the main thread's kernels are not queued behind them;
@@ -343,6 +346,7 @@ def submit(node: TuningNode, run: Callable[[TuningNode], None]) -> None:
     global _worker, _atexit_registered
     device_guard_pin.pin()  # (before the first job thread traces: see device_guard_pin)
     job_rng.install()  # (a job's compiles leave the program's random streams alone: see job_rng)
+    fx_trace_lock.install()  # (the program's FX traces and the job's take turns: see fx_trace_lock)
     with _worker_lock:
         if _worker is None:
             _worker = TuningWorker(run)

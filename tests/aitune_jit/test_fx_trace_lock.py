@@ -1,0 +1,177 @@
+"""fx_trace_lock: two threads' FX traces take turns, and the process's module calls stay torch's own."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+import torch.fx
+
+from aitune_jit import fx_trace_lock
+
+
+class _Paused(torch.nn.Module):
+    """Traced by one thread: its forward stops halfway until the test lets it go on."""
+
+    def __init__(self, go: threading.Event, inside: threading.Event) -> None:
+        super().__init__()
+        self.go, self.inside = go, inside
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inside.set()
+        self.go.wait(10)
+        return self.lin(x)
+
+
+def _trace_two_threads() -> tuple[list[BaseException], bool]:
+    """Thread A starts a trace and stops inside it; thread B starts one; A is let go first, then B.
+    Returns the threads' errors and whether B got inside its trace while A was still in its own."""
+    go_a, in_a, go_b, in_b = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def trace(module: torch.nn.Module) -> None:
+        try:
+            torch.fx.symbolic_trace(module)
+        except BaseException as exc:  # (collected for the assertion)
+            errors.append(exc)
+
+    a = threading.Thread(target=trace, args=(_Paused(go_a, in_a),))
+    a.start()
+    assert in_a.wait(10)
+    b = threading.Thread(target=trace, args=(_Paused(go_b, in_b),))
+    b.start()
+    overlapped = in_b.wait(0.5)
+    go_a.set()
+    a.join(10)
+    go_b.set()
+    b.join(10)
+    return errors, overlapped
+
+
+@pytest.fixture
+def original_call():
+    import torch.fx._symbolic_trace as fx_trace
+
+    module_dict = dict(torch.nn.Module.__dict__)
+    yield torch.nn.Module.__call__
+    for name in ("__call__", "__getattr__"):  # (an unprotected run below may leave FX's patches: undo them)
+        if torch.nn.Module.__dict__.get(name) is not module_dict.get(name):
+            setattr(torch.nn.Module, name, module_dict[name])
+    fx_trace.CURRENT_PATCHER = None
+    fx_trace_lock.uninstall()
+
+
+def test_without_the_lock_two_threads_tracing_break_each_other(original_call) -> None:
+    # the hazard itself, in plain torch: if this ever passes, torch serializes traces and the lock can go
+    errors, overlapped = _trace_two_threads()
+    assert overlapped
+    assert errors, "two interleaved FX traces both succeeded: torch may have fixed this"
+    assert any("not installed as a submodule" in str(e) for e in errors)
+
+
+def test_with_the_lock_the_second_trace_waits_and_both_succeed(original_call) -> None:
+    fx_trace_lock.install()
+    errors, overlapped = _trace_two_threads()
+    assert not overlapped  # B waited for A's trace to end before it started its own
+    assert errors == []
+    assert torch.nn.Module.__call__ is original_call
+    out = torch.nn.Linear(4, 4)(torch.randn(2, 4))  # the program's later module calls are plain calls
+    assert out.shape == (2, 4)
+
+
+def test_nested_traces_on_one_thread_do_not_wait() -> None:
+    fx_trace_lock.install()
+    try:
+        class Outer(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.lin = torch.nn.Linear(3, 3)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.lin(x).relu()
+
+        done = threading.Event()
+
+        def nested() -> None:
+            torch.fx.symbolic_trace(Outer())  # outer trace holds the lock ...
+            with fx_trace_lock._trace_lock:  # ... and the same thread may take it again
+                torch.fx.symbolic_trace(Outer())
+            done.set()
+
+        t = threading.Thread(target=nested)
+        t.start()
+        t.join(10)
+        assert done.is_set()
+    finally:
+        fx_trace_lock.uninstall()
+
+
+def test_others_waiting_here_is_true_only_on_the_tracing_thread_with_a_waiter(original_call) -> None:
+    fx_trace_lock.install()
+    seen: dict[str, bool] = {}
+    go_a, in_a = threading.Event(), threading.Event()
+
+    class Probe(_Paused):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.inside.set()
+            seen["alone"] = fx_trace_lock.others_waiting_here()
+            self.go.wait(10)
+            seen["with_waiter"] = fx_trace_lock.others_waiting_here()
+            return self.lin(x)
+
+    a = threading.Thread(target=torch.fx.symbolic_trace, args=(Probe(go_a, in_a),))
+    a.start()
+    assert in_a.wait(10)
+    b = threading.Thread(target=torch.fx.symbolic_trace, args=(torch.nn.Linear(2, 2),))
+    b.start()
+    for _ in range(200):
+        if fx_trace_lock._waiting:
+            break
+        threading.Event().wait(0.01)
+    seen["other_thread"] = fx_trace_lock.others_waiting_here()
+    go_a.set()
+    a.join(10)
+    b.join(10)
+    assert seen == {"alone": False, "with_waiter": True, "other_thread": False}
+
+
+def test_install_is_idempotent_and_uninstall_restores_torchs_method() -> None:
+    original = torch.fx.Tracer.trace
+    fx_trace_lock.install()
+    patched = torch.fx.Tracer.trace
+    fx_trace_lock.install()
+    assert fx_trace_lock.installed() and torch.fx.Tracer.trace is patched and patched is not original
+    fx_trace_lock.uninstall()
+    assert not fx_trace_lock.installed() and torch.fx.Tracer.trace is original
+
+
+def test_a_job_that_traces_while_the_program_waits_to_trace_keeps_running(original_call) -> None:
+    from aitune_jit import worker
+
+    fx_trace_lock.install()
+    seen: list[bool] = []
+    go, inside = threading.Event(), threading.Event()
+
+    class Probe(_Paused):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.inside.set()
+            seen.append(worker._keeps_running())  # the job's gate asks this at each function start
+            self.go.wait(10)
+            for _ in range(200):
+                if fx_trace_lock._waiting:
+                    break
+                threading.Event().wait(0.01)
+            seen.append(worker._keeps_running())
+            return self.lin(x)
+
+    job = threading.Thread(target=torch.fx.symbolic_trace, args=(Probe(go, inside),))
+    job.start()
+    assert inside.wait(10)
+    go.set()
+    program = threading.Thread(target=torch.fx.symbolic_trace, args=(torch.nn.Linear(2, 2),))
+    program.start()
+    job.join(10)
+    program.join(10)
+    assert seen == [False, True]
