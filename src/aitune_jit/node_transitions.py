@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from aitune_jit import device_guard_pin, summary, tuner, worker
+from aitune_jit.compile_exclusion import excluding_compiles
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import missing_for_tuning
 from aitune_jit.outcome import TuningOutcome, Verdict, release_backend
@@ -149,15 +150,16 @@ class NodeTransitions:
     # ------------------------------------------------------------------------------------------ applying an outcome
     def apply(self, outcome: TuningOutcome) -> None:
         """Take a tuning outcome in one step: note its failed graphs, re-tunes and graph-break checks, then switch
-        as its verdict says (`_APPLY`)."""
-        self._failed.update(outcome.failed)
-        for name in outcome.retuned:
-            self._growth.retuned(name)
-        self._checked_graphs.update(outcome.checked)
-        self._follow.note(outcome)
-        _APPLY[outcome.verdict](self, outcome)
-        if self.state is not NodeState.TUNED:
-            self._follow.clear()  # nothing tuned is left to package or upgrade
+        as its verdict says (`_APPLY`), never during another thread's dynamo compile (`compile_exclusion`)."""
+        with excluding_compiles():
+            self._failed.update(outcome.failed)
+            for name in outcome.retuned:
+                self._growth.retuned(name)
+            self._checked_graphs.update(outcome.checked)
+            self._follow.note(outcome)
+            _APPLY[outcome.verdict](self, outcome)
+            if self.state is not NodeState.TUNED:
+                self._follow.clear()  # nothing tuned is left to package or upgrade
 
     def _go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
         """Route calls of these graphs through their backends; detach the subtree on the first success."""
