@@ -175,3 +175,41 @@ def test_a_job_that_traces_while_the_program_waits_to_trace_keeps_running(origin
     job.join(10)
     program.join(10)
     assert seen == [False, True]
+
+
+def test_a_trace_waits_for_another_threads_dynamo_compile_and_that_compile_does_not_step_aside(original_call) -> None:
+    # dynamo's frame compile takes another thread's FX patches off and puts them back when it ends
+    # (`_maybe_revert_all_patches`), so a trace must not run inside that window
+    import torch._dynamo.convert_frame as convert_frame
+
+    fx_trace_lock.install()
+    compiling, release = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def job_compile() -> None:
+        with convert_frame.compile_lock:  # what dynamo holds for a frame's whole compile
+            compiling.set()
+            release.wait(10)
+            for _ in range(200):
+                if fx_trace_lock._waiting:
+                    break
+                threading.Event().wait(0.01)
+            seen.append(fx_trace_lock.others_waiting_here())
+
+    traced = threading.Event()
+
+    def program_trace() -> None:
+        torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+        traced.set()
+
+    job = threading.Thread(target=job_compile)
+    job.start()
+    assert compiling.wait(10)
+    program = threading.Thread(target=program_trace)
+    program.start()
+    assert not traced.wait(0.3)  # the trace waits for the compile
+    release.set()
+    job.join(10)
+    program.join(10)
+    assert traced.is_set() and seen == [True]
+    assert torch.nn.Module.__call__ is original_call
