@@ -27,6 +27,7 @@ from aitune_core.recording.module_effects import ModuleEffects
 from aitune_core.recording.sample import owned_inputs
 from aitune_core.validation.tensor_slots import tensor_slots
 from aitune_jit.config import jit_config
+from aitune_jit.signal_passthrough import HandlerRaised
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class NodeRecording:
         effects = self._effects()
         before = self._copy_before(args, kwargs) if self._stateful else None
         output = forward(*args, **kwargs)
+        interrupted: BaseException | None = None
         try:
             changed = effects.changes() if effects is not None else None
             if changed is not None:
@@ -60,6 +62,10 @@ class NodeRecording:
                 self._try_tune()
         except Exception as exc:  # aitune's own failure: never the user's call
             self._internal_error("recording", exc)
+        except HandlerRaised as raised:  # a blocking tune interrupted by the program's signal handler
+            interrupted = raised.exc
+        if interrupted is not None:
+            raise interrupted  # (outside the handlers above: its context stays what the program had)
         return output
 
     def _watch(self, args: tuple, kwargs: dict) -> ArgumentWatch | None:

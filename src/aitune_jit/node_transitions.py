@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from aitune_jit import device_guard_pin, summary, tuner, worker
+from aitune_jit import device_guard_pin, signal_passthrough, summary, tuner, worker
 from aitune_jit.compile_exclusion import excluding_compiles
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import missing_for_tuning
@@ -55,6 +55,7 @@ class NodeTransitions:
         lock = self._tune_lock
         if not lock.acquire(blocking=False):
             return
+        interrupted: signal_passthrough.HandlerRaised | None = None
         try:
             if not self._pending or self._tuning:
                 return
@@ -62,13 +63,20 @@ class NodeTransitions:
             self._tuning = True
             device_guard_pin.pin()  # (this thread may end before the program: see device_guard_pin)
             try:
-                self.apply(tuner.tune(self))
+                with signal_passthrough.passing_through():
+                    self.apply(tuner.tune(self))
+            except signal_passthrough.HandlerRaised as raised:  # the program's own exception: it gets it
+                interrupted = raised
+                self.give_up(f"tuning was interrupted by the program's signal handler (signal {raised.signum}, "
+                             f"{type(raised.exc).__name__})")
             except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
                 self._internal_error("tuning", exc)
             finally:
                 self._tuning = False
         finally:
             lock.release()
+        if interrupted is not None:
+            raise interrupted  # (the caller raises the program's exception: `NodeRecording._recorded_call`)
 
     def _tune_queued(self) -> None:
         """The worker's job for this node (on its job thread): tune under the root's lock and apply the outcome; the
@@ -99,6 +107,16 @@ class NodeTransitions:
             lock.release()
         if again:  # what the outcome owes (`follow_ups.py`) is a job of its own, queued behind the others
             worker.submit(self, NodeTransitions._tune_queued)
+
+    def give_up(self, reason: str) -> None:
+        """A tuning that did not finish (timed out, interrupted): a tuned node keeps what it serves and its graphs
+        being tuned run eagerly; any other node stays eager."""
+        if self.state is NodeState.TUNED:
+            self.apply(TuningOutcome.unchanged(
+                failed=MappingProxyType({spec.name: reason for spec in self.ready_graphs()}),
+                packaged=frozenset(self.package_due), upgraded=self.upgrade_due))
+        else:
+            self.apply(TuningOutcome.eager(reason, reopen=False, level=logging.WARNING))
 
     def job_dropped(self) -> None:
         """The worker will not run, or not finish, this node's job: its calls record again."""

@@ -140,6 +140,8 @@ class TuningNode(Protocol):
 
     def job_dropped(self) -> None: ...
 
+    def give_up(self, reason: str) -> None: ...
+
 
 class OutcomeDraft:
     """What one tuning found so far (the tuner and the known decisions add to it); the outcome is made from it

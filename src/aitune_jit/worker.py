@@ -44,12 +44,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from aitune_jit import capture_guard, device_guard_pin, job_rng, py_start_gate, training_switch
+from aitune_jit import capture_guard, device_guard_pin, fx_trace_lock, job_rng, py_start_gate, training_switch
 from aitune_jit.config import jit_config
 from aitune_jit.job_cancel import (
     TuningCancelled,
@@ -199,14 +198,9 @@ class TuningWorker:
             job.abandoned = True
             node = job.node_ref()
             late = f"tuning did not finish within jit_config.tuning_timeout_s={jit_config.tuning_timeout_s:g}s"
-            if node is not None and getattr(node, "state", None) is NodeState.TUNED:  # another graph or a follow-up:
-                node.job_dropped()  # what the node serves stays; the graphs the job was tuning run eagerly
-                node.apply(TuningOutcome.unchanged(
-                    failed=MappingProxyType({spec.name: late for spec in node.ready_graphs()}),
-                    packaged=frozenset(node.package_due), upgraded=node.upgrade_due))
-            elif node is not None:
+            if node is not None:
                 node.job_dropped()
-                node.apply(TuningOutcome.eager(late, reopen=False, level=logging.WARNING))
+                node.give_up(late)
 
     def _job_body(self, job: _Job) -> None:
         _local.job = job
@@ -218,7 +212,7 @@ class TuningWorker:
             prime_inductor_without_fx_patching()
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
-            gate = steps_aside(capture_guard.capturing_here)  # (waits from the start)
+            gate = steps_aside(_keeps_running)  # (waits from the start)
             with (job_rng.on_job_thread(), gate as job.gate, training_switch.watching(node.module, job),
                   _own_stream(node), courteous(), compiles_in_subprocess()):
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
@@ -397,6 +391,7 @@ def start_side_job(name: str, task: Callable[[], None], imported: threading.Even
     job = _Job.side(name)
     settled = imported if imported is not None else job.finished
     job_rng.install()
+    fx_trace_lock.install()
 
     def body() -> None:
         _local.job = job
