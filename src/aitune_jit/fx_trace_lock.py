@@ -20,7 +20,23 @@ loaded; dynamo holds it for each whole frame compile) and then one re-entrant lo
 waits for another thread's trace or dynamo compile to end, and a compile for a trace; a nested trace on the
 same thread goes on. A job holding either lock while a program thread waits does not step aside for requests
 (`others_waiting_here`, given to the job's gate): the request is waiting for the job. What is left: a trace the
-program started before dynamo was first imported is not waited for by the first compile. The patch
+program started before dynamo was first imported is not waited for by the first compile.
+
+FX's "a trace is running" flag is process-wide as well, and a function compiled with `torch.compile` refuses to
+run while it is up ("Detected that you are using FX to symbolically trace a dynamo-optimized function"): while
+the program traced, the job's compiled candidate failed its warm-up and the module stayed eager. While
+installed, `torch.fx._symbolic_trace.is_fx_symbolic_tracing` answers for the calling thread: False on a thread
+while another thread's trace holds the lock (its compile then waits for that trace through dynamo's lock).
+Compiled functions look the function up when `torch.compile` wraps them, so this covers every compile made
+after the first job was queued.
+
+Even one trace at a time reaches other threads: FX's `Module.__call__` and `__getattr__` stand-ins call the
+tracer's `call_module` and `getattr` for every module call and attribute read in the process. A job's plain
+eager calls (its baseline, its validation) made while the program traced failed ("module is not installed as a
+submodule": the job's candidate failed in 4 of 5 runs of the reviewer's script), and a parameter another thread
+read from a module the program was tracing would have come back as the trace's proxy. While installed,
+`Tracer.call_module` and `Tracer.getattr` act only on the tracing thread; any other thread gets the plain call
+and the plain attribute. The patches
 (`aitune_core.patch.Patch`) is applied before the first job starts, next to `job_rng`, and taken off when JIT
 tuning is switched off.
 """
@@ -34,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch.fx
+import torch.fx._symbolic_trace as fx_symbolic_trace
 
 from aitune_core.patch import Patch
 
@@ -41,7 +58,8 @@ _trace_lock = threading.RLock()
 _state_lock = threading.Lock()
 _holder: int | None = None  # the thread inside the outermost trace
 _waiting = 0  # threads waiting to start a trace
-_patch: Patch | None = None
+_patches: list[Patch] = []
+_enabled = False  # the wrappers act only while installed (one may outlive `uninstall` inside dynamo's)
 
 
 def _compile_lock() -> Any:
@@ -79,7 +97,7 @@ def _serialized(original: Callable[..., Any]) -> Callable[..., Any]:
     def trace(self: Any, *args: Any, **kwargs: Any) -> Any:
         global _holder
         me = threading.get_ident()
-        if _holder == me:  # a nested trace: this thread holds what it needs
+        if not _enabled or _holder == me:  # switched off, or a nested trace: this thread holds what it needs
             return original(self, *args, **kwargs)
         compile_lock = _compile_lock()  # (first: the order dynamo's own compiles take them in)
         if compile_lock is not None:
@@ -100,24 +118,76 @@ def _serialized(original: Callable[..., Any]) -> Callable[..., Any]:
     return trace
 
 
+def _this_threads_flag(original: Callable[[], bool]) -> Callable[[], bool]:
+    @functools.wraps(original)
+    def is_fx_symbolic_tracing() -> bool:
+        holder = _holder
+        if _enabled and holder is not None and holder != threading.get_ident():
+            return False  # the process-wide flag is another thread's trace
+        return original()
+
+    is_fx_symbolic_tracing.__aitune_fx_trace_lock__ = True  # type: ignore[attr-defined]
+    return is_fx_symbolic_tracing
+
+
+def _tracing_thread_only(original: Callable[..., Any], elsewhere: Callable[..., Any]) -> Callable[..., Any]:
+    """`original` on the thread that traces; `elsewhere(*args)` on every other thread while a trace holds the lock."""
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        holder = _holder
+        if _enabled and holder is not None and holder != threading.get_ident():
+            return elsewhere(*args, **kwargs)
+        return original(self, *args, **kwargs)
+
+    method.__aitune_fx_trace_lock__ = True  # type: ignore[attr-defined]
+    return method
+
+
+def _plain_call(module: Any, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    return forward(*args, **kwargs)  # (FX's `forward` here is the module's own `Module.__call__`)
+
+
+def _plain_attribute(attr: str, attr_val: Any, parameter_proxy_cache: Any = None) -> Any:
+    return attr_val
+
+
+#: FX's methods that its patched `Module.__call__` / `__getattr__` call, and what another thread gets instead
+_PASS_THROUGH = {"call_module": _plain_call, "getattr": _plain_attribute}
+
+
+def _ours(value: Any) -> bool:
+    """`value` is this module's wrapper, or a wrapper made with `functools.wraps` around it (dynamo wraps
+    `Tracer.trace` once, whatever it is then; `wraps` copies the marker)."""
+    return bool(getattr(value, "__aitune_fx_trace_lock__", False))
+
+
 def install() -> None:
-    """Serialize `torch.fx.Tracer.trace` across threads (idempotent)."""
-    global _patch
+    """Serialize `torch.fx.Tracer.trace` across threads and make FX's tracing flag the tracing thread's (idempotent).
+
+    Dynamo wraps `Tracer.trace` in a wrapper of its own the first time it compiles; when that happens after this
+    patch, the patch stays inside dynamo's wrapper and `uninstall` can only switch it off (`_enabled`)."""
+    global _enabled
     with _state_lock:
-        current = torch.fx.Tracer.trace
-        if _patch is not None or getattr(current, "__aitune_fx_trace_lock__", False):
-            return
-        _patch = Patch(torch.fx.Tracer, "trace", _serialized(current)).apply()
+        _enabled = True
+        if not _ours(torch.fx.Tracer.trace):
+            _patches.append(Patch(torch.fx.Tracer, "trace", _serialized(torch.fx.Tracer.trace)).apply())
+        for name, elsewhere in _PASS_THROUGH.items():
+            current = getattr(torch.fx.Tracer, name, None)
+            if current is not None and not _ours(current):
+                _patches.append(Patch(torch.fx.Tracer, name, _tracing_thread_only(current, elsewhere)).apply())
+        flag = getattr(fx_symbolic_trace, "is_fx_symbolic_tracing", None)
+        if flag is not None and not _ours(flag):
+            _patches.append(Patch(fx_symbolic_trace, "is_fx_symbolic_tracing", _this_threads_flag(flag)).apply())
 
 
 def uninstall() -> None:
-    """Put `Tracer.trace` back (a newer patch of it by someone else stays: `Patch.restore`)."""
-    global _patch
+    """Switch the wrappers off and put torch's functions back where nobody wrapped them since (`Patch.restore`)."""
+    global _enabled
     with _state_lock:
-        if _patch is not None:
-            _patch.restore()
-            _patch = None
+        _enabled = False
+        while _patches:
+            _patches.pop().restore()
 
 
 def installed() -> bool:
-    return _patch is not None
+    return _enabled

@@ -60,6 +60,7 @@ def original_call():
         if torch.nn.Module.__dict__.get(name) is not module_dict.get(name):
             setattr(torch.nn.Module, name, module_dict[name])
     fx_trace.CURRENT_PATCHER = None
+    fx_trace._is_fx_tracing_flag = False  # (interleaved traces restore each other's saved flag)
     fx_trace_lock.uninstall()
 
 
@@ -142,9 +143,36 @@ def test_install_is_idempotent_and_uninstall_restores_torchs_method() -> None:
     fx_trace_lock.install()
     patched = torch.fx.Tracer.trace
     fx_trace_lock.install()
-    assert fx_trace_lock.installed() and torch.fx.Tracer.trace is patched and patched is not original
+    assert fx_trace_lock.installed() and torch.fx.Tracer.trace is patched
     fx_trace_lock.uninstall()
     assert not fx_trace_lock.installed() and torch.fx.Tracer.trace is original
+
+
+def test_a_wrapper_dynamo_put_around_the_patch_is_switched_off_and_on_again(original_call) -> None:
+    # dynamo's first compile wraps Tracer.trace with `disable(...)` once, whatever it is then (TorchPatcher)
+    import functools
+
+    before = torch.fx.Tracer.trace
+    fx_trace_lock.install()
+    ours = torch.fx.Tracer.trace
+
+    @functools.wraps(ours)
+    def dynamos(*args, **kwargs):
+        return ours(*args, **kwargs)
+
+    torch.fx.Tracer.trace = dynamos
+    try:
+        fx_trace_lock.uninstall()
+        assert torch.fx.Tracer.trace is dynamos and not fx_trace_lock.installed()
+        errors, overlapped = _trace_two_threads()  # switched off: the hazard is torch's again
+        assert overlapped and errors
+        torch.nn.Module.__call__ = original_call
+        fx_trace_lock.install()
+        assert torch.fx.Tracer.trace is dynamos  # switched on again, not wrapped twice
+        errors, overlapped = _trace_two_threads()
+        assert not overlapped and errors == []
+    finally:
+        torch.fx.Tracer.trace = before
 
 
 def test_a_job_that_traces_while_the_program_waits_to_trace_keeps_running(original_call) -> None:
@@ -213,3 +241,76 @@ def test_a_trace_waits_for_another_threads_dynamo_compile_and_that_compile_does_
     program.join(10)
     assert traced.is_set() and seen == [True]
     assert torch.nn.Module.__call__ is original_call
+
+
+def test_a_function_compiled_on_another_thread_runs_while_a_program_traces(original_call) -> None:
+    # FX's tracing flag is process-wide; a compiled function raised "Detected that you are using FX to
+    # symbolically trace a dynamo-optimized function" on any thread while some thread traced
+    fx_trace_lock.install()
+    go, inside = threading.Event(), threading.Event()
+    compiled = torch.compile(lambda x: torch.sin(x) + 1, backend="eager")  # (wrapped after install)
+    results: list[object] = []
+
+    def job() -> None:
+        try:
+            results.append(compiled(torch.zeros(3)))
+        except BaseException as exc:  # (collected for the assertion)
+            results.append(exc)
+
+    program = threading.Thread(target=torch.fx.symbolic_trace, args=(_Paused(go, inside),))
+    program.start()
+    assert inside.wait(10)
+    assert torch.fx._symbolic_trace.is_fx_symbolic_tracing() is False  # (this thread is not the tracing one)
+    worker = threading.Thread(target=job)
+    worker.start()
+    worker.join(0.3)
+    assert results == []  # its compile waits for the program's trace (dynamo's lock)
+    go.set()
+    program.join(10)
+    worker.join(10)
+    assert len(results) == 1 and isinstance(results[0], torch.Tensor)
+    torch.testing.assert_close(results[0], torch.ones(3))
+
+
+def test_uninstall_puts_fxs_flag_function_back() -> None:
+    original = torch.fx._symbolic_trace.is_fx_symbolic_tracing
+    fx_trace_lock.install()
+    assert torch.fx._symbolic_trace.is_fx_symbolic_tracing is not original
+    fx_trace_lock.uninstall()
+    assert torch.fx._symbolic_trace.is_fx_symbolic_tracing is original
+
+
+def _during_a_trace(traced: torch.nn.Module, go: threading.Event, inside: threading.Event, action) -> object:
+    """Run `action()` on this thread while another thread is inside `symbolic_trace(traced)`; its result or error."""
+    tracer = threading.Thread(target=torch.fx.symbolic_trace, args=(traced,))
+    tracer.start()
+    assert inside.wait(10)
+    try:
+        return action()
+    except Exception as exc:  # (returned for the assertion)
+        return exc
+    finally:
+        go.set()
+        tracer.join(10)
+
+
+def test_without_the_lock_a_plain_module_call_during_another_threads_trace_fails(original_call) -> None:
+    go, inside = threading.Event(), threading.Event()
+    result = _during_a_trace(_Paused(go, inside), go, inside, lambda: torch.nn.Linear(4, 4)(torch.randn(2, 4)))
+    assert isinstance(result, NameError) and "not installed as a submodule" in str(result)
+
+
+def test_a_plain_module_call_and_a_parameter_read_on_another_thread_are_plain_during_a_trace(original_call) -> None:
+    fx_trace_lock.install()
+    go, inside = threading.Event(), threading.Event()
+    traced = _Paused(go, inside)
+    layer = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+
+    def action() -> tuple:
+        return layer(x), traced.lin.weight  # a call of another module; a parameter of the module being traced
+
+    out, weight = _during_a_trace(traced, go, inside, action)
+    torch.testing.assert_close(out, expected)
+    assert type(weight) is torch.nn.Parameter and weight is traced.lin._parameters["weight"]
