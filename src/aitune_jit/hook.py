@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from aitune_core.patch import Patch
-from aitune_jit import job_rng, runtime, summary
+from aitune_jit import dynamo_module_call, job_rng, runtime, summary
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.runtime import (
     CANDIDATE,
@@ -206,7 +206,10 @@ def install() -> None:
             return
         job_rng.preload_rich()  # (here, on the program's thread: see job_rng)
         original = torch.nn.Module.__call__
-        _state.call_patch = Patch(torch.nn.Module, "__call__", _make_patched_call(original)).apply()
+        patched = _make_patched_call(original)
+        _state.call_patch = Patch(torch.nn.Module, "__call__", patched).apply()
+        if original is getattr(torch.nn.Module, "_wrapped_call_impl", None):  # (see dynamo_module_call)
+            dynamo_module_call.register(patched, original)
         process.installed = True
         summary.register_atexit()
         _logger.debug("torch.nn.Module.__call__ patched for JIT tuning")
@@ -224,6 +227,7 @@ def uninstall() -> None:
                     "place (aitune's hook now passes every call straight through)"
                 )
             process.installed = False
+            dynamo_module_call.unregister()
         PatchedModule.release_all()
         for module in list(_state.touched):
             module.__dict__.pop(NODE_ATTR, None)
