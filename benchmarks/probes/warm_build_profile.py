@@ -9,7 +9,8 @@ thread), and profiles the call that builds with `cProfile`:
   `min_samples` times at one batch size; the last call tunes (fill) or reuses the decision (warm), profiled;
 - `compile-fill` then `compile-warm` per mode: `torch.compile(model, mode=...)` and its first call, profiled.
 
-All processes share one Inductor cache folder (`TORCHINDUCTOR_CACHE_DIR`) and the JIT processes one JIT cache.
+The JIT processes share one JIT cache; each contender and mode has an Inductor cache folder of its own
+(`TORCHINDUCTOR_CACHE_DIR`; `--shared-inductor-cache` for one), so each fill is a cold compile.
 Reported: the profiled call's wall time, the JIT's own log of the build, and the functions with the largest
 cumulative and own times.
 
@@ -48,7 +49,7 @@ def _inputs(model_name: str, batch: int, device: Any) -> tuple[Any, Any]:
     return module, lambda target: target(*inputs.args, **inputs.kwargs)
 
 
-def _profiled(fn: Any) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
+def _profiled(fn: Any, dump: str | None = None) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]]]:
     profile = cProfile.Profile()
     begin = time.perf_counter()
     profile.enable()
@@ -57,6 +58,8 @@ def _profiled(fn: Any) -> tuple[float, list[dict[str, Any]], list[dict[str, Any]
     finally:
         profile.disable()
     took = time.perf_counter() - begin
+    if dump:
+        profile.dump_stats(dump)
     stats = pstats.Stats(profile, stream=io.StringIO())
     rows = []
     for (filename, line, name), (calls, _prim, own, cumulative, _callers) in stats.stats.items():  # type: ignore[attr-defined]
@@ -82,7 +85,7 @@ def child(args: argparse.Namespace) -> int:
         with torch.no_grad():
             for _ in range(jit_config.min_samples - 1):
                 call(module)
-            took, cumulative, own = _profiled(lambda: call(module))
+            took, cumulative, own = _profiled(lambda: call(module), args.dump)
         node = PatchedModule.of(module)
         result.update(state=node.state.value if node is not None else None, history=list(PatchedModule.history))
     else:
@@ -91,7 +94,7 @@ def child(args: argparse.Namespace) -> int:
         compiled = torch.compile(module, mode=None if args.mode == "default" else args.mode)
         result["compile_line_s"] = time.perf_counter() - begin
         with torch.no_grad():
-            took, cumulative, own = _profiled(lambda: call(compiled))
+            took, cumulative, own = _profiled(lambda: call(compiled), args.dump)
     if device.type == "cuda":
         torch.cuda.synchronize()
     result.update(call_s=took, by_cumulative=cumulative, by_own=own)
@@ -100,12 +103,16 @@ def child(args: argparse.Namespace) -> int:
 
 
 def _run(role: str, mode: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    inductor = folder / ("inductor" if args.shared_inductor_cache else f"inductor-{role.split('-')[0]}-{mode}")
     env = {**os.environ, "AITUNE_JIT_CACHE_DIR": str(folder / "jit"),
-           "TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "PYTHONUNBUFFERED": "1"}
+           "TORCHINDUCTOR_CACHE_DIR": str(inductor), "PYTHONUNBUFFERED": "1"}
     for name in ("AUTOWRAPT_BOOTSTRAP", "AITUNE_JIT_BLOCKING"):
         env.pop(name, None)
     command = [sys.executable, "-m", "benchmarks.probes.warm_build_profile", "--child", "--role", role, "--mode", mode,
                "--model", args.model, "--batch", str(args.batch), "--device", args.device]
+    if args.pstats_dir is not None:
+        args.pstats_dir.mkdir(parents=True, exist_ok=True)
+        command += ["--dump", str(args.pstats_dir / f"{args.model}-{role}-{mode}.prof")]
     begin = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout_s, cwd=common.REPO)
     wall = time.perf_counter() - begin
@@ -147,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=["reduce-overhead", "default"],
                         help="torch.compile modes to profile beside the JIT")
     parser.add_argument("--timeout-s", type=float, default=900)
+    parser.add_argument("--shared-inductor-cache", action="store_true",
+                        help="one Inductor cache for every process (default: one per contender and mode, so each "
+                             "fill is cold)")
+    parser.add_argument("--pstats-dir", type=Path, default=None, help="also write each profile (cProfile) here")
+    parser.add_argument("--dump", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--role", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="jit", help=argparse.SUPPRESS)
