@@ -144,6 +144,50 @@ def test_inductor_on_cpu_does_not_recompile_inside_the_recorded_range(tmp_path):
             torch.testing.assert_close(loaded.infer(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+class _KeywordModel(torch.nn.Module):
+    """Called the way transformers models are: by keyword, with a sequence axis that varies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 8)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.lin(self.emb(input_ids)) * attention_mask.unsqueeze(-1)
+        return hidden.sum(dim=1)
+
+
+def test_a_keyword_call_is_warmed_up_by_keyword_and_not_compiled_again(tmp_path):
+    # the warm-up marked its dynamic axes on a call re-made by position; dynamo guards on the call's form, so
+    # validation and every served call (by keyword) compiled twice more (a BERT-base on an H200: not tuned in 90 s)
+    from aitune_core.recording.graph_recorder import GraphRecorder
+
+    model = _KeywordModel().eval()
+    recorder = GraphRecorder(model)
+    generator = torch.Generator().manual_seed(0)
+
+    def call(length: int) -> dict:
+        return {"input_ids": torch.randint(0, 50, (4, length), generator=generator),
+                "attention_mask": torch.ones(4, length)}
+
+    with torch.no_grad():
+        for length in (12, 30, 21):
+            kwargs = call(length)
+            recorder.record((), kwargs, model(**kwargs))
+    spec = recorder.graph_specs[0]
+    data = recorder.samples(spec)
+    assert spec.input_spec.tensors[0].max_shape[1] > spec.input_spec.tensors[0].min_shape[1]  # a varying axis
+    graphs = _unique_graphs()
+    backend = TorchInductorBackend().build(model, spec, data, torch.device("cpu"), tmp_path)
+    assert _unique_graphs() == graphs + 1
+    validate_backend(backend, spec, data)
+    with torch.no_grad():
+        for length in (14, 29, 12):
+            kwargs = call(length)
+            torch.testing.assert_close(backend.infer(**kwargs), model(**kwargs), rtol=1e-4, atol=1e-5)
+    assert _unique_graphs() == graphs + 1, "validation or a served keyword call compiled again"
+
+
 # ------------------------------------------------------------------------- inference paths without compiling
 def _runtime_only(config, compiled, output_dtypes, device="cpu"):
     """A backend whose `_compiled` is a plain callable: exercises `_run` without paying for a compile."""

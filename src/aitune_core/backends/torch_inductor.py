@@ -279,7 +279,7 @@ class TorchInductorBackend(Backend):
         if not self._marks or binder is None or self.config.dynamic is False:
             return args, kwargs
         try:
-            values, treedef = flatten_values(binder.bind(args, kwargs))
+            values, _bound = flatten_values(binder.bind(args, kwargs))
         except TypeError:
             return args, kwargs
         tensor_slots = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
@@ -306,9 +306,12 @@ class TorchInductorBackend(Backend):
                     torch._dynamo.maybe_mark_dynamic(tensor, axis)
         if not aliases:
             return args, kwargs
-        for slot, alias in aliases.items():
-            values[slot] = alias
-        new_args, new_kwargs = binder.unbind(unflatten(treedef, values))
+        # the aliases go where their tensors were, in the call's own form: a call made with keywords stays one
+        # (dynamo guards on the form, so a warm-up by position was compiled again by the first keyword call)
+        swapped = {id(values[slot]): alias for slot, alias in aliases.items()}
+        leaves, form = flatten_values((tuple(args), dict(kwargs)))
+        leaves = [swapped.get(id(leaf), leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        new_args, new_kwargs = unflatten(form, leaves)
         return tuple(new_args), dict(new_kwargs)
 
     def _restore_output_dtypes(self, output: Any, *, own: bool = False) -> Any:
