@@ -193,6 +193,30 @@ def release_logging_locks() -> None:
             continue
 
 
+def release_import_locks() -> None:
+    """Release the import locks of modules (`importlib._bootstrap._ModuleLock`) the calling thread holds. Called
+    with `release_logging_locks`, for the same reason: a job cancelled while it imported a module (Inductor's
+    modules are imported on the job thread) rested holding that module's lock, and the program's own import of the
+    module at exit waited for good (a GPT-2 serving script under `make test` hung in dynamo's exit report, which
+    imports `tabulate`). Never raises."""
+    bootstrap = sys.modules.get("importlib._bootstrap")
+    me = threading.get_ident()
+    for ref in list(getattr(bootstrap, "_module_locks", {}).values()):
+        lock = ref() if callable(ref) else None
+        try:
+            while lock is not None and getattr(lock, "owner", None) == me:
+                lock.release()
+        except Exception:  # (released meanwhile, or another layout: nothing to do)
+            continue
+
+
+def release_held_locks() -> None:
+    """`release_logging_locks` and `release_import_locks`: what a job thread calls as its body ends, before it says
+    it finished (a cancel can land after a lock's acquire and before the code that releases it). Never raises."""
+    release_logging_locks()
+    release_import_locks()
+
+
 def resting(thread: Any) -> bool:
     """True when `thread` waits in `rest_forever`."""
     return thread.ident in _resting and thread.is_alive()

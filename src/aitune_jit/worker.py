@@ -55,7 +55,7 @@ from aitune_jit.job_cancel import (
     cancel,
     join_cancelled,
     keep_interrupt_exit_status,
-    release_logging_locks,
+    release_held_locks,
     rest_forever,
 )
 from aitune_jit.tuning_order import expected_gain, pick_next
@@ -223,7 +223,7 @@ class TuningWorker:
         except TuningCancelled:
             _logger.debug("tuning job of %s cancelled at exit", job.path)
         finally:
-            release_logging_locks()  # (before saying it finished: see job_cancel)
+            release_held_locks()  # (before saying it finished: see job_cancel)
             _local.job = None
             _live_jobs.discard(job)
             job.finished.set()
@@ -403,7 +403,7 @@ def start_side_job(name: str, task: Callable[[], None], imported: threading.Even
         except TuningCancelled:
             pass  # (the program ended first)
         finally:
-            release_logging_locks()
+            release_held_locks()
             _local.job = None
             _live_jobs.discard(job)
             _side_jobs.pop(job, None)

@@ -131,21 +131,23 @@ class _StepAside:
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if _inflight or _cancelling:
-            self.check(event == "call")
+            self.check(event == "call", frame.f_code)
 
-    def check(self, at_call: bool = True) -> None:
+    def check(self, at_call: bool = True, code: Any = None) -> None:
         """`at_call`: the thread is starting a Python function (a profile function also sees C calls and
-        returns, where a cancel must not be raised: after a C `acquire`, say, it would leak the lock)."""
+        returns, where a cancel must not be raised: after a C `acquire`, say, it would leak the lock); `code`:
+        that function's code, where a cancel is not raised if it releases what was taken (`may_cancel_in`)."""
         if not self.active:
             return
-        if at_call and self.cancel_with is not None and not self.paused_by():
+        raising = at_call and may_cancel_in(code)
+        if raising and self.cancel_with is not None and not self.paused_by():
             self._raise_cancel()
         if not _inflight:
             return
         if (self.free_until and time.monotonic() < self.free_until) or timing_now() or self.paused_by():
             return  # (a paused capture would hold up every device synchronization of the requests)
         self._wait()
-        if at_call and self.cancel_with is not None and not self.paused_by():
+        if raising and self.cancel_with is not None and not self.paused_by():
             self._raise_cancel()
 
     def cancel(self, exc_type: type[BaseException]) -> bool:
@@ -205,6 +207,24 @@ class _StepAside:
         self.free_until = 0.0 if idle else now + RUN_SLICE_S
 
 
+#: functions where a cancel raised at their start would leave what the caller took held: a context manager's
+#: exit, a lock's release (importlib's module locks, `threading`'s conditions, `logging`'s handlers)
+_RELEASING = frozenset({"__exit__", "__aexit__", "release", "_release_save", "_acquire_restore", "__del__"})
+_RELEASING_FILES = ("threading.py", "/logging/__init__.py")
+
+
+def may_cancel_in(code: Any) -> bool:
+    """Whether a cancel may be raised as the function of `code` starts: not in `_RELEASING` functions, nor in
+    frozen importlib, `threading` or `logging` (a module lock released by `_ModuleLockManager.__exit__` was left
+    held when the cancel was raised at that exit's start, and the program's own import of the module at exit
+    waited for good). The cancel is raised at the next function start that may raise it."""
+    if code is None:
+        return True
+    filename = code.co_filename
+    return (code.co_name not in _RELEASING and not filename.startswith("<frozen ")
+            and not filename.endswith(_RELEASING_FILES))
+
+
 def _on_function_start(code: Any, offset: int) -> None:
     """The monitoring callback, on every thread: only a job thread, and only while a request runs (or its job is
     being cancelled), goes further."""
@@ -212,7 +232,7 @@ def _on_function_start(code: Any, offset: int) -> None:
         gate = _gates.get(threading.get_ident())
         if gate is not None:
             try:
-                gate.check()
+                gate.check(True, code)
             except Exception:  # an error here would surface in whatever code the thread was starting
                 _logger.debug("stepping-aside check failed", exc_info=True)
 

@@ -235,3 +235,38 @@ def test_a_job_thread_lets_go_of_logging_locks_a_cancel_left_it_holding():
     finally:
         logging.getLogger("aitune.test.locks").removeHandler(handler)
         thread.join(5)
+
+
+def test_a_job_thread_lets_go_of_module_import_locks_a_cancel_left_it_holding():
+    """A job cancelled while it imported a module rested holding that module's import lock; the program's own
+    import of it at exit waited for good. The job thread releases such locks before it says it finished."""
+    import importlib._bootstrap as bootstrap
+    import threading
+
+    from aitune_jit.job_cancel import release_held_locks
+
+    name = "aitune_test_never_imported_module"
+    taken, released = threading.Event(), threading.Event()
+
+    def job() -> None:
+        lock = bootstrap._get_module_lock(name)
+        lock.acquire()  # as `_ModuleLockManager.__enter__` does; the cancel then skipped its `__exit__`
+        job.lock = lock  # (keeps the weakly held lock alive)
+        taken.set()
+        release_held_locks()
+        released.set()
+        threading.Event().wait(0.5)
+
+    thread = threading.Thread(target=job, daemon=True)
+    thread.start()
+    try:
+        assert taken.wait(10) and released.wait(10)
+        lock = job.lock
+        assert lock.owner is None
+        other = []
+        checker = threading.Thread(target=lambda: other.append(lock.acquire() or lock.release() or True))
+        checker.start()
+        checker.join(5)
+        assert other == [True]
+    finally:
+        thread.join(5)

@@ -126,7 +126,7 @@ def test_the_trace_function_is_called_at_python_calls_only(monkeypatch, gate_nam
     monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", gate_name)
     seen = []
     with wy.steps_aside() as gate:
-        gate.check = lambda at_call=True: seen.append(1)  # (called from the gate: this thread raises no events)
+        gate.check = lambda at_call=True, code=None: seen.append(1)  # (called from the gate: this thread raises no events)
         wy._inflight = 1  # a request in flight, set without a Python call
         try:
             _tick()
@@ -413,3 +413,58 @@ def test_a_job_that_leaves_its_gate_while_requests_are_served_never_waits_for_it
     stop.set()
     server.join(5)
     assert not worker.is_alive() and len(jobs) == 3000 and not wy._lock.locked()
+
+
+class _Held:
+    """A context manager whose `__exit__` releases what `__enter__` took (as importlib's module lock manager)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> _Held:
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_a_cancel_is_not_raised_where_a_context_manager_releases_what_it_took(monkeypatch, mechanism):
+    # a cancel raised at `__exit__`'s start left importlib's module lock held: the program's import of that
+    # module at exit then waited for good; the cancel waits for the next function start that may raise it
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "25")
+    held = _Held()
+    outcome = []
+    inside, go = threading.Event(), threading.Event()
+
+    def run() -> None:
+        with wy.steps_aside() as gate:
+            outcome.append(gate)
+            try:
+                with held:
+                    inside.set()
+                    go.wait(5)  # (C waits: no function start until the block ends, then `__exit__` starts)
+                _tick()
+            except _Stop:
+                outcome.append("stopped")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert inside.wait(5)
+    assert outcome[0].cancel(_Stop) is True
+    go.set()
+    thread.join(5)
+    assert outcome[1:] == ["stopped"]  # raised at `_tick`, after the exit released the lock
+    assert held.lock.acquire(timeout=1)
+    held.lock.release()
+
+
+def test_frozen_importlib_threading_and_logging_are_never_where_a_cancel_lands():
+    import importlib._bootstrap as bootstrap
+    import logging
+
+    assert not wy.may_cancel_in(bootstrap._ModuleLockManager.__exit__.__code__)
+    assert not wy.may_cancel_in(threading.Condition.wait.__code__)
+    assert not wy.may_cancel_in(logging.Handler.release.__code__)
+    assert not wy.may_cancel_in(_Held.__exit__.__code__)
+    assert wy.may_cancel_in(_tick.__code__) and wy.may_cancel_in(None)
