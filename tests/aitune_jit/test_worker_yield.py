@@ -126,7 +126,8 @@ def test_the_trace_function_is_called_at_python_calls_only(monkeypatch, gate_nam
     monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", gate_name)
     seen = []
     with wy.steps_aside() as gate:
-        gate.check = lambda at_call=True, code=None: seen.append(1)  # (called from the gate: this thread raises no events)
+        # (called from the gate: this thread raises no events)
+        gate.check = lambda at_call=True, code=None: seen.append(1)
         wy._inflight = 1  # a request in flight, set without a Python call
         try:
             _tick()

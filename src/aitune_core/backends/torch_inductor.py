@@ -296,14 +296,11 @@ class TorchInductorBackend(Backend):
                 continue
             if slot not in aliases:
                 tensor = aliases[slot] = tensor.detach()
-            if soft:
+            lower = max(2, low)
+            if soft or high <= lower:
                 torch._dynamo.maybe_mark_dynamic(tensor, axis)
             else:
-                lower = max(2, low)
-                if high > lower:
-                    torch._dynamo.mark_dynamic(tensor, axis, min=lower, max=high)
-                else:
-                    torch._dynamo.maybe_mark_dynamic(tensor, axis)
+                torch._dynamo.mark_dynamic(tensor, axis, min=lower, max=high)
         if not aliases:
             return args, kwargs
         # the aliases go where their tensors were, in the call's own form: a call made with keywords stays one
