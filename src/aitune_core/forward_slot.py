@@ -123,6 +123,15 @@ class ForwardSlot:
             if was_installed:
                 self.install()
 
+    def state_without(self, state: dict[str, Any]) -> dict[str, Any]:
+        """`state` (a copy of the module's `__dict__`) as it would be without this slot installed."""
+        if state.get("forward") is self.wrapper:
+            if self.saved is _MISSING:
+                del state["forward"]
+            else:
+                state["forward"] = self.saved
+        return state
+
     @staticmethod
     def of(module: Any) -> ForwardSlot | None:
         """The slot installed on `module`, else None."""

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from aitune_core.patch import Patch
-from aitune_jit import dynamo_module_call, job_rng, runtime, summary
+from aitune_jit import dynamo_module_call, job_rng, module_copies, runtime, summary
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.runtime import (
     CANDIDATE,
@@ -210,6 +210,7 @@ def install() -> None:
         _state.call_patch = Patch(torch.nn.Module, "__call__", patched).apply()
         if original is getattr(torch.nn.Module, "_wrapped_call_impl", None):  # (see dynamo_module_call)
             dynamo_module_call.register(patched, original)
+        module_copies.install()
         process.installed = True
         summary.register_atexit()
         _logger.debug("torch.nn.Module.__call__ patched for JIT tuning")
@@ -228,6 +229,7 @@ def uninstall() -> None:
                 )
             process.installed = False
             dynamo_module_call.unregister()
+            module_copies.uninstall()
         PatchedModule.release_all()
         for module in list(_state.touched):
             module.__dict__.pop(NODE_ATTR, None)
