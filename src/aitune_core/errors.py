@@ -51,3 +51,25 @@ class ConfigError(AITuneError, ValueError):
 
 class NotReplayableError(AITuneError, RuntimeError):
     """A recorded call cannot be replayed without the caller's live objects (an argument that cannot be copied)."""
+
+
+#: how much of an exception's text a one-line report keeps
+BRIEF_LINES = 3
+BRIEF_LINE_CHARS = 200
+
+
+def brief(exc: BaseException) -> str:
+    """`TypeName: text` of `exc` on one line, for warnings and summaries: its first `BRIEF_LINES` lines of text
+    (stack frames and caret lines left out), each cut at `BRIEF_LINE_CHARS`, joined with " / ". Why: torch's
+    compiler errors run to pages (dynamo's user errors carry the user's stack twice and links to docs), and one
+    failed candidate printed all of it as a WARNING into the program's stderr. The whole text goes to DEBUG."""
+    lines = []
+    for raw in str(exc).splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("File \"", "^", "~")) or set(line) <= set("^~ "):
+            continue
+        lines.append(line if len(line) <= BRIEF_LINE_CHARS else line[:BRIEF_LINE_CHARS] + " ...")
+        if len(lines) > BRIEF_LINES:
+            break
+    text = " / ".join(lines[:BRIEF_LINES]) + (" / ..." if len(lines) > BRIEF_LINES else "")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_core.backends.backend import Backend, BackendState
-from aitune_core.errors import TuningFailedError, ValidationError
+from aitune_core.errors import TuningFailedError, ValidationError, brief
 from aitune_core.log import get_logger, timed
 from aitune_core.module_info import count_parameters
 from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
@@ -414,9 +414,10 @@ class TuneStrategy(ABC):  # noqa: B024 - one of _tune / _tune_job is required: c
                     if on_success is not None:
                         on_success(report, backend)
                 except Exception as exc:
-                    report.error = f"{type(exc).__name__}: {exc}"
+                    report.error = brief(exc)
                     report.closeness = _closeness(exc)
                     _logger.warning("❌ backend %s failed: %s", description, report.error)
+                    _logger.debug("backend %s failed", description, exc_info=True)
                     self._discard(backend)
                     backend = None
                     if reraise:
