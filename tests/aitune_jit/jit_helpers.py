@@ -198,3 +198,23 @@ def run_exit_hook() -> None:
         worker._worker = saved
         worker._exiting = False
         worker_yield._stood_down = False
+
+
+def recording_mlp(min_samples: int = 5) -> tuple[MLP, Any]:
+    """Switch JIT tuning on with a `CountingBackend` and call a fresh `make_mlp()` twice: its root records (needs
+    `min_samples` calls) and its children are seen but wait. Returns the model and its node."""
+    from aitune_jit.config import jit_config
+    from aitune_jit.patched_module import PatchedModule
+    from aitune_jit.state import NodeState
+    from aitune_jit.switch import enable
+
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+    jit_config.min_samples = min_samples
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.RECORDING and "forward" in model.__dict__
+    return model, node

@@ -5,17 +5,15 @@ from __future__ import annotations
 import sys
 import threading
 
+import jit_helpers
 import pytest
 import torch
 import torch._dynamo.convert_frame as convert_frame
-from jit_helpers import CountingBackend, make_mlp, run
+from jit_helpers import make_mlp, run
 
 from aitune_jit import compile_exclusion
-from aitune_jit.config import jit_config
 from aitune_jit.outcome import TuningOutcome
-from aitune_jit.patched_module import PatchedModule
 from aitune_jit.state import NodeState
-from aitune_jit.switch import enable
 
 
 def _in_thread(fn) -> tuple[threading.Thread, threading.Event]:
@@ -77,16 +75,7 @@ def test_a_compile_that_never_ends_is_waited_for_only_so_long(monkeypatch) -> No
 
 @pytest.fixture
 def recording_mlp():
-    jit_config.backends = [CountingBackend()]
-    jit_config.detect_graph_breaks = False
-    jit_config.min_parameters = 0
-    jit_config.min_samples = 5
-    model = make_mlp()
-    enable()
-    run(model, [2, 3])
-    node = PatchedModule.of(model)
-    assert node.state is NodeState.RECORDING and "forward" in model.__dict__
-    return model, node
+    return jit_helpers.recording_mlp()
 
 
 def test_a_node_changes_the_programs_module_only_after_the_compile_on_another_thread(recording_mlp) -> None:

@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
+import jit_helpers
 import pytest
-from jit_helpers import CountingBackend, make_mlp, run, states
+from jit_helpers import CountingBackend, run, states
 
 from aitune_jit import tuner
 from aitune_jit.config import jit_config
 from aitune_jit.outcome import TuningOutcome, Verdict
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.state import NodeState
-from aitune_jit.switch import enable
 
 
 @pytest.fixture
 def recording():
     """An MLP whose root records (2 calls, 5 needed): its children are seen but wait (INIT)."""
-    jit_config.backends = [CountingBackend()]
-    jit_config.detect_graph_breaks = False
-    jit_config.min_parameters = 0
-    jit_config.min_samples = 5
-    model = make_mlp()
-    enable()
-    run(model, [2, 3])
-    node = PatchedModule.of(model)
-    assert node.state is NodeState.RECORDING and "forward" in model.__dict__
-    return model, node
+    return jit_helpers.recording_mlp()
 
 
 def test_tuning_returns_an_outcome_and_changes_the_node_only_when_applied(recording):
