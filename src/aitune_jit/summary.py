@@ -38,6 +38,8 @@ class TunedRecord:
 
 
 _lock = threading.Lock()
+#: distinct tuned-module lines in the exit summary at most
+MAX_TUNED_LINES = 20
 #: keyed by a serial number per node (not the path: two models of one class have the same path; not id():
 #: the address of a node whose module died is reused by later nodes)
 _records: dict[int, TunedRecord] = {}
@@ -75,13 +77,20 @@ def summary_lines() -> list[str]:
         records = list(_records.values())
     nodes = list(registry.walk())
     lines = [f"aitune JIT tuning summary: {len(records)} module(s) tuned, {registry.nodes_seen} module(s) seen"]
+    tuned: dict[str, int] = {}  # one line per distinct text: a program that builds many models gets counts
     for record in records:
         speed = (
             f", {record.speedup:.2f}x faster than eager at recorded shapes"
             if record.speedup is not None
             else " (speed not measured)"
         )
-        lines.append(f"  🎯 {record.path} ({record.short}, level {record.level}): {', '.join(record.backends)}{speed}")
+        text = f"  🎯 {record.path} ({record.short}, level {record.level}): {', '.join(record.backends)}{speed}"
+        tuned[text] = tuned.get(text, 0) + 1
+    shown = list(tuned.items())
+    lines.extend(text if count == 1 else f"{text} (x{count})" for text, count in shown[:MAX_TUNED_LINES])
+    if len(shown) > MAX_TUNED_LINES:
+        more_tuned = len(shown) - MAX_TUNED_LINES
+        lines.append(f"  ... and {more_tuned} more tuned module(s); see PatchedModule.print_history()")
     unfinished = unfinished_at_exit()
     tuned_paths = {node.path for node in nodes if node.state is NodeState.TUNED}
     untuned = [path for path in unfinished if path not in tuned_paths]
