@@ -55,7 +55,7 @@ class NotReplayableError(AITuneError, RuntimeError):
 
 #: how much of an exception's text a one-line report keeps
 BRIEF_LINES = 3
-BRIEF_LINE_CHARS = 200
+BRIEF_LINE_CHARS = 600  # (aitune's own one-line messages, a validation error's say, stay whole)
 
 
 def brief(exc: BaseException) -> str:
