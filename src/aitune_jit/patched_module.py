@@ -285,8 +285,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
     def _forward(self, args: tuple, kwargs: dict) -> Any:
         """The module's `forward` while RECORDING or TUNED."""
         forward = self._forward_fn
-        if is_compiling() or tls.bypass or in_dynamo_region():
-            return forward(*args, **kwargs)  # type: ignore[misc]
+        if is_compiling() or tls.bypass or in_dynamo_region() or torch._C._get_tracing_state() is not None:
+            return forward(*args, **kwargs)  # type: ignore[misc]  (torch.jit.trace records the original, as dynamo)
         state = self.state
         if state is NodeState.TUNED:
             if jobs_stepping_aside() and not tls.stack:
