@@ -15,14 +15,12 @@ routes each call by the wrapper's state:
 Because the routing sits in `forward`, calling the proxy goes through the wrapped module's own `__call__`: forward
 pre/post hooks registered on it fire in every state, exactly once, and a parent that still holds the raw module
 (not the proxy) is routed too. Backends represent `forward` only:
-- while a backend runs (and while strategies build backends, or a checkpoint restores them), the module's
-  forward hooks are hidden, so a backend that calls the module (eager, torch.compile'd module) neither
-  fires them a second time nor bakes them into a compiled graph (the recorded reference outputs are
-  forward's outputs, before any hook);
+- while a backend runs (and while strategies build backends, or a checkpoint restores them), the module's forward
+  hooks are hidden (its hook dicts swapped: a call from another thread at that moment would not fire them), so a
+  backend that calls the module neither fires them twice nor bakes them into a compiled graph;
 - a re-entrant call of the module's forward (a backend that calls the module) runs the original forward,
-  never the dispatcher again, and so does a call traced by torch.compile (the routing is not traced).
-Hiding the hooks swaps the module's hook dicts for the duration of a backend call; a call of the same
-module from another thread at that moment would not fire the hooks.
+  never the dispatcher again, and so does a call traced by torch.compile (the routing is not traced);
+- a forward the program replaces later (class patch, `__class__` swap) answers every call, with one warning.
 
 `state_dict()` stays the wrapped module's own (a parent's `state_dict()` is unchanged by wrapping); the tuned state
 is `to_dict()` / `from_dict()`, and whole checkpoints are written by `aitune.torch.save` / `load`.
@@ -139,7 +137,13 @@ class Module(wrapt.CallableObjectProxy):
         self._self_orig_forward = module.forward
         explicit = sanitize_name(name)
         self._self_name = MODULE_REGISTRY.register(explicit or default_name(module), self, explicit=bool(explicit))
-        self._self_slot = ForwardSlot(module, self._route_call, owner=self, label=self._self_name).install()
+        self._self_slot = ForwardSlot(module, self._route_call, owner=self, label=self._self_name,
+                                      on_change=self._forward_changed).install()
+
+    def _forward_changed(self, what: str) -> None:
+        """The program replaced the forward (`ForwardSlot`): its slot answers with the new one from now on."""
+        _logger.warning("Module %r: %s after it was wrapped; its calls run the new forward eagerly from now on (wrap "
+                        "it again to tune it)", self._self_name, what)
 
     def _route_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return self._route(*args, **kwargs)
@@ -187,14 +191,8 @@ class Module(wrapt.CallableObjectProxy):
         """A tuned backend raised at run time and the original forward answered the call: warn once."""
         if not self._self_backend_failed:
             self._self_backend_failed = True
-            _logger.warning(
-                "Module `%s`: backend %s failed at run time (%s: %s); answering with the original module. "
-                "This warning is shown once.",
-                self._self_name,
-                backend.describe(),
-                type(exc).__name__,
-                exc,
-            )
+            _logger.warning("Module `%s`: backend %s failed at run time (%s: %s); answering with the original module. "
+                            "This warning is shown once.", self._self_name, backend.describe(), type(exc).__name__, exc)
 
     def _refit_backend(self, backend: Backend) -> bool:
         """Refit a baked-weight backend from the module's own forward, without the routing (a copy of the module

@@ -12,7 +12,12 @@ subtle, and used to be done twice:
 - while dynamo traces the module (a user's `torch.compile` of a model aitune is recording), the original forward
   runs, never the routing;
 - removal must put back exactly what was there (an instance `forward` the user set, or nothing), and only if the
-  slot is still ours.
+  slot is still ours;
+- a program that replaces the forward after the slot is installed - assigns a new function to the class's
+  `forward` (a monkeypatch) or swaps the module's `__class__` - gets the new forward: the slot bound the old one,
+  and an instance attribute would shadow the class's new one for good (a wrong answer). Each call compares the
+  module's class and its class's `forward` with those seen at install (two identity checks); on a change the
+  slot calls the current forward and tells its owner once (`on_change`), which stops routing.
 
 In the style of accelerate's `add_hook_to_module` / `remove_hook_from_module`: `install()` / `remove()` are a
 symmetric pair, and the behaviour lives in the `handler(args, kwargs)` each caller passes (the JIT node's
@@ -22,6 +27,7 @@ record-or-dispatch, the AOT wrapper's route). `ForwardSlot.of(module)` finds the
 from __future__ import annotations
 
 import copy
+import logging
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -33,6 +39,8 @@ _MISSING: Any = object()
 _is_compiling = torch.compiler.is_compiling
 
 Handler = Callable[[tuple, dict], Any]
+ChangeHandler = Callable[[str], "bool | None"]
+_logger = logging.getLogger("aitune")
 
 
 class SlotForward:
@@ -49,6 +57,11 @@ class SlotForward:
         slot = self._slot
         if _is_compiling():  # dynamo traces the module's own forward, never aitune's routing
             return slot.original(*args, **kwargs)
+        code = slot.code
+        if code is not None:
+            module = slot._module_ref()
+            if module is not None and ((cls := type(module)) is not code[0] or cls.forward is not code[1]):
+                return slot.changed_call(module, args, kwargs)
         return slot.handler(args, kwargs)
 
     def __getattr__(self, name: str) -> Any:  # forward.__func__, forward.__self__, forward.__name__, ...
@@ -76,15 +89,25 @@ class ForwardSlot:
         handler: called with `(args, kwargs)` of every call while installed (not while dynamo traces).
         owner: the object the slot belongs to, for `ForwardSlot.of(module).owner` (the AOT wrapper).
         label: how the slot names itself in reprs.
+        on_change: called (with what changed) when the module's class or its class's forward is no longer the one
+            seen at install (see the module docstring); the call itself runs the current forward. It is called
+            again at later calls while it returns False (it could not act yet), never after it returned otherwise.
     """
 
-    def __init__(self, module: torch.nn.Module, handler: Handler, *, owner: Any = None, label: str = "") -> None:
+    def __init__(self, module: torch.nn.Module, handler: Handler, *, owner: Any = None, label: str = "",
+                 on_change: ChangeHandler | None = None) -> None:
         self._module_ref = weakref.ref(module)
         self.saved: Any = module.__dict__.get("forward", _MISSING)  # an instance forward the user had set
         self.original: Callable[..., Any] = module.forward  # the forward aitune falls back to
+        cls = type(module)
+        # what `original` was bound from; None when the user's instance forward is (class changes don't reach it)
+        self.code: tuple[type, Any] | None = (cls, cls.forward) if self.saved is _MISSING else None
         self.handler = handler
         self.owner = owner
-        self.label = label or type(module).__name__
+        self.label = label or cls.__name__
+        self.on_change = on_change
+        self.changed: str | None = None
+        self._change_taken = False
         self.wrapper = SlotForward(self)
 
     @property
@@ -122,6 +145,29 @@ class ForwardSlot:
         finally:
             if was_installed:
                 self.install()
+
+    def changed_call(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        """A call after the forward changed: the owner hears of it (`on_change`), the module's current forward
+        answers."""
+        if not self._change_taken:
+            if self.changed is None:
+                self.changed = self._what_changed(module)
+            taken: bool | None = True
+            if self.on_change is not None:
+                try:
+                    taken = self.on_change(self.changed)
+                except Exception:  # the owner's clean-up failing must not fail the program's call
+                    _logger.debug("on_change of %s failed", self.label, exc_info=True)
+            self._change_taken = taken is not False
+        cls = type(module)
+        return cls.forward.__get__(module, cls)(*args, **kwargs)
+
+    def _what_changed(self, module: torch.nn.Module) -> str:
+        old_cls = self.code[0] if self.code is not None else type(module)
+        now = type(module)
+        if now is not old_cls:
+            return f"its class changed from {old_cls.__qualname__} to {now.__qualname__}"
+        return f"{now.__qualname__}.forward was replaced"
 
     def state_without(self, state: dict[str, Any]) -> dict[str, Any]:
         """`state` (a copy of the module's `__dict__`) as it would be without this slot installed."""

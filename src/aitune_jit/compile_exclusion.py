@@ -31,18 +31,21 @@ WAIT_S = 120.0
 
 
 @contextlib.contextmanager
-def excluding_compiles() -> Iterator[None]:
-    """Hold dynamo's compile lock for the block when dynamo is loaded (see the module docstring)."""
+def excluding_compiles(wait_s: float | None = None) -> Iterator[bool]:
+    """Hold dynamo's compile lock for the block when dynamo is loaded (see the module docstring). Yields whether
+    no other thread compiles now: False only when the lock was not had within `wait_s` (default `WAIT_S`; the block
+    runs anyway; a caller that must not wait passes 0 and acts only on True)."""
+    wait_s = WAIT_S if wait_s is None else wait_s
     convert_frame = sys.modules.get("torch._dynamo.convert_frame")
     lock = getattr(convert_frame, "compile_lock", None)
     if lock is None:
-        yield
+        yield True
         return
-    acquired = lock.acquire(timeout=WAIT_S)
-    if not acquired:
-        _logger.debug("a dynamo compile on another thread held its lock for %.0f s; changing modules anyway", WAIT_S)
+    acquired = lock.acquire(timeout=wait_s) if wait_s > 0 else lock.acquire(blocking=False)
+    if not acquired and wait_s > 0:
+        _logger.debug("a dynamo compile on another thread held its lock for %.0f s; changing modules anyway", wait_s)
     try:
-        yield
+        yield acquired
     finally:
         if acquired:
             lock.release()

@@ -129,6 +129,8 @@ class NodeRecording:
         """A bug or an unexpected failure inside aitune while `stage` ran: the node stops being tuned (its calls run
         the original module), with the reason in the history and one WARNING."""
         _logger.debug("aitune failed while %s %s", stage, self.path, exc_info=True)
+        if self._changed is not None:  # a job that lost its node to a replaced forward (`_forward_changed`): quiet
+            return
         reason = f"aitune failed while {stage} it ({type(exc).__name__}: {exc})"
         try:
             tuned = self.state is NodeState.TUNED

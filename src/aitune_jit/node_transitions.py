@@ -170,6 +170,9 @@ class NodeTransitions:
         """Take a tuning outcome in one step: note its failed graphs, re-tunes and graph-break checks, then switch
         as its verdict says (`_APPLY`), never during another thread's dynamo compile (`compile_exclusion`)."""
         with excluding_compiles():
+            if self._changed is not None:  # the program replaced the forward meanwhile: the outcome tuned the old one
+                outcome.release_backends()
+                return
             self._failed.update(outcome.failed)
             for name in outcome.retuned:
                 self._growth.retuned(name)

@@ -33,6 +33,7 @@ import torch
 
 from aitune_core.forward_slot import ForwardSlot, SlotForward
 from aitune_core.module_info import count_parameters
+from aitune_jit.compile_exclusion import excluding_compiles
 from aitune_jit.config import jit_config
 from aitune_jit.follow_ups import FollowUps
 from aitune_jit.node_recording import NodeRecording
@@ -67,6 +68,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
 
     __slots__ = (
         "__weakref__",
+        "_changed",
         "_checked_graphs",
         "_child_names",
         "_dispatcher",
@@ -136,6 +138,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         self._proxy: torch.nn.Module | None = None
         self._child_names: dict[int, str] | None = None
         self._notes: set[str] = set()
+        self._changed: str | None = None  # how the program replaced the module's forward (`_forward_changed`)
         with registry.lock:
             registry.add(self, parent)
             if parent is not None:
@@ -274,8 +277,23 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
     def _install_forward(self, module: torch.nn.Module) -> None:
         if self._slot is not None:
             return
-        self._slot = ForwardSlot(module, self._forward, label=self.path).install()
+        self._slot = ForwardSlot(module, self._forward, label=self.path, on_change=self._forward_changed).install()
         self._forward_fn = self._slot.original
+
+    def _forward_changed(self, what: str) -> bool:
+        """The program replaced the module's forward (a class-level patch, a `__class__` swap; `ForwardSlot`): what
+        was recorded and tuned ran the old one. The node stops routing and stays eager, with one WARNING; a job
+        still tuning it finds its outcome dropped (`apply`). Never waits: while another thread compiles, the slot
+        keeps passing calls to the new forward and asks again at the next call (returns False)."""
+        self._changed = what
+        with excluding_compiles(wait_s=0) as alone:
+            if not alone:
+                return False
+            if self.state in (NodeState.RECORDING, NodeState.TUNED) and self._slot is not None:
+                self._entries = []
+                self._go_eager(f"its forward changed while aitune watched it ({what}); the new forward runs eagerly "
+                               "from now on", reopen=False, level=logging.WARNING)
+            return True
 
     def _uninstall_forward(self) -> None:
         slot, self._slot = self._slot, None

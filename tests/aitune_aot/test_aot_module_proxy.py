@@ -150,3 +150,18 @@ def test_deepcopy_and_pickle_fail_clearly():
         copy.deepcopy(wrapped)
     with pytest.raises(TypeError, match=r"aitune\.torch\.save"):
         pickle.dumps(wrapped)
+
+
+def test_a_class_level_forward_patch_after_wrapping_answers_with_the_new_forward(caplog):
+    class Patchable(MLP):
+        pass
+
+    raw = Patchable()
+    wrapped = Module(raw, "patchable")
+    x = torch.randn(2, raw.fc1.in_features)
+    Patchable.forward = lambda self, x: self.fc1(x) * 0 + 7  # the program patches the class after wrapping
+    with caplog.at_level("WARNING", logger="aitune"):
+        outputs = [wrapped(x), raw(x)]
+    for out in outputs:
+        torch.testing.assert_close(out, torch.full_like(raw.fc1(x), 7.0))
+    assert sum("Patchable.forward was replaced" in r.getMessage() for r in caplog.records) == 1

@@ -75,3 +75,56 @@ def test_suspended_shows_the_users_forward_for_the_block_only():
         assert module is net and ForwardSlot.of(net) is None
         assert isinstance(net(torch.ones(1, 4)), torch.Tensor)
     assert net(torch.ones(1, 4)) == "routed" and ForwardSlot.of(net).owner == "owner"
+
+
+def _local_net_class() -> type[Net]:
+    class Patchable(Net):  # a class of the test's own: its forward is replaced below
+        pass
+
+    return Patchable
+
+
+def test_a_class_level_forward_patch_is_called_and_the_owner_told_once():
+    cls = _local_net_class()
+    net = cls()
+    handled, told = [], []
+    ForwardSlot(net, lambda args, kwargs: handled.append(1) or "routed", on_change=told.append).install()
+    x = torch.randn(2, 4)
+    assert net(x) == "routed"
+    cls.forward = lambda self, x, scale=1.0: self.fc(x) * 2 * scale  # the program patches the class
+    for _ in range(2):
+        torch.testing.assert_close(net(x), net.fc(x) * 2)
+    assert handled == [1] and told == [f"{cls.__qualname__}.forward was replaced"]
+
+
+def test_a_class_swap_is_seen_and_the_owner_asked_again_until_it_acts():
+    net = Net()
+    answers = iter([False, True])  # the owner could not act at the first call (another thread compiled)
+    told = []
+
+    def on_change(what: str) -> bool:
+        told.append(what)
+        return next(answers)
+
+    ForwardSlot(net, lambda args, kwargs: "routed", on_change=on_change).install()
+
+    class Swapped(Net):
+        def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+            return self.fc(x) - 5
+
+    net.__class__ = Swapped
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        torch.testing.assert_close(net(x), net.fc(x) - 5)
+    assert told == ["its class changed from Net to test_a_class_swap_is_seen_and_the_owner_asked_again_until_it_acts."
+                    "<locals>.Swapped"] * 2
+
+
+def test_an_instance_forward_the_user_had_set_is_not_watched_for_class_changes():
+    cls = _local_net_class()
+    net = cls()
+    own = net.forward
+    net.forward = lambda x, scale=1.0: own(x, scale) + 1  # the user's instance forward, kept by the slot
+    slot = ForwardSlot(net, lambda args, kwargs: "routed", on_change=lambda what: None).install()
+    cls.forward = lambda self, x, scale=1.0: self.fc(x) * 0
+    assert net(torch.randn(2, 4)) == "routed" and slot.code is None

@@ -87,3 +87,13 @@ def test_a_node_changes_the_programs_module_only_after_the_compile_on_another_th
     thread.join(10)
     assert done.is_set() and node.state is NodeState.EAGER and "forward" not in model.__dict__
     torch.testing.assert_close(run(model, [2])[0], run(make_mlp(), [2])[0])
+
+
+def test_a_caller_that_must_not_wait_is_told_another_thread_compiles() -> None:
+    held: list[bool] = []
+    with convert_frame.compile_lock:
+        thread, done = _in_thread(lambda: held.append(compile_exclusion.excluding_compiles(wait_s=0).__enter__()))
+        assert done.wait(5) and held == [False]
+    thread.join(5)
+    with compile_exclusion.excluding_compiles(wait_s=0) as alone:
+        assert alone

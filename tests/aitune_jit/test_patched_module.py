@@ -34,3 +34,58 @@ def test_torch_jit_trace_of_a_tuned_module_records_the_original_forward() -> Non
     with torch.no_grad():
         torch.testing.assert_close(traced(x), model(x))
     assert node.state is NodeState.TUNED and CountingBackend.infers > infers  # still tuned, still served
+
+
+def _tuned_model(cls: type[torch.nn.Module]) -> tuple[torch.nn.Module, PatchedModule]:
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+    jit_config.min_samples = 2
+    torch.manual_seed(0)
+    model = cls().eval()
+    enable()
+    run(model, [1, 2, 1, 2])
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED
+    return model, node
+
+
+def test_a_class_level_forward_patch_after_tuning_runs_the_new_forward(caplog) -> None:
+    from jit_helpers import MLP
+
+    class Patched(MLP):
+        pass
+
+    model, node = _tuned_model(Patched)
+    Patched.forward = lambda self, x: self.head(x * 0 + 1)  # a monkeypatch the program applies mid-run
+    x = torch.randn(2, 32)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="aitune"):
+        outputs = [model(x) for _ in range(3)]
+    for out in outputs:
+        torch.testing.assert_close(out, model.head(torch.ones(2, 32)))
+    assert node.state is NodeState.EAGER and "forward" not in model.__dict__
+    assert "Patched.forward was replaced" in node.reason
+    assert sum("forward changed" in record.getMessage() for record in caplog.records) == 1
+
+
+def test_a_class_swap_while_recording_runs_the_new_class_and_a_late_outcome_is_dropped(monkeypatch) -> None:
+    from jit_helpers import MLP, recording_mlp
+
+    from aitune_jit.outcome import TuningOutcome
+
+    model, node = recording_mlp(min_samples=50)
+
+    class Shifted(MLP):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return super().forward(x) - 5
+
+    model.__class__ = Shifted
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), MLP.forward(model, x) - 5)
+    assert node.state is NodeState.EAGER and "class changed from MLP to" in node.reason
+    late = TuningOutcome.tuned([(object(), CountingBackend())], [])  # a job's outcome for the old forward
+    released = []
+    monkeypatch.setattr(TuningOutcome, "release_backends", lambda self: released.append(self))
+    node.apply(late)
+    assert node.state is NodeState.EAGER and released == [late]
