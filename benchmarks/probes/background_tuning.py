@@ -357,8 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS),
                    help="run only these (eager is the reference of every ratio; jit-warm reuses jit-cold's cache)")
     p.add_argument("--interval-ms", type=float, default=20.0)
-    p.add_argument("--packages", choices=["off", "on"], default="off",
-                   help="AITUNE_WORKER_PACKAGE of the JIT contenders: warm starts from AOTInductor packages")
+    p.add_argument("--packages", choices=["off", "on", "dynamo", "aoti"], default="off",
+                   help="AITUNE_WORKER_PACKAGE of the JIT contenders: warm starts from packages (on = dynamo: "
+                        "precompiled functions; aoti: AOTInductor packages)")
     p.add_argument("--stall-ms", type=float, default=50.0, help="sample stacks of requests slower than this")
     p.add_argument("--timeout-s", type=float, default=1800.0)
     args = p.parse_args(argv)

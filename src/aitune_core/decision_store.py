@@ -5,11 +5,13 @@ Layout under the store's folder (for JIT tuning: `jit_config.cache_dir`, i.e. `$
 
     decisions/<key>.json     one decision (see `Decision`), named by its key (`aitune_core.decision_key`)
     inductor/                Inductor's own caches (TORCHINDUCTOR_CACHE_DIR), when aitune chose the folder
-    packages/<key>.<build>.pt2  an AOTInductor package of the decided graph, for warm starts (`Decision.package`)
+    packages/<key>.<build>.aotc  a package of the decided graph for warm starts (`Decision.package`), opt-in;
+                             `.pt2` for an AOTInductor package
 
-Why JSON and not a pickle: a cache folder may be shared or copied between machines; nothing read from it is
-ever executed. A decision names a backend class and its configuration; the backend is rebuilt from them (for
-Inductor, torch's caches make that cheap) and validated on the reading process's own samples before use.
+Why JSON and not a pickle: a cache folder may be shared or copied between machines; no decision read from it is
+ever executed (the opt-in packages are code: `aitune_jit.packaging`). A decision names a backend class and its
+configuration; the backend is rebuilt from them (for Inductor, torch's caches make that cheap) and validated on
+the reading process's own samples before use.
 
 Several processes may share the folder (replicas of a server): an entry is written to a temporary file in the
 same folder and moved into place with `os.replace`, so a reader sees the whole old entry, the whole new one, or
@@ -54,7 +56,7 @@ class Decision:
       whether the module's children may be tuned instead, e.g. after a graph break).
     - `source`: the module path whose tuning produced it; `speedup`: measured at its recorded shapes, if any.
     - `module`, `graph`: readable descriptions for `cache list`; `environment`: where it was decided.
-    - `package`, `package_sha256`: an AOTInductor package of the module's graph for warm starts (a file name
+    - `package`, `package_sha256`: a package of the module's graph for warm starts (`aitune_jit.packaging`) (a file name
       under `packages/`, and its digest), made after the decision (`aitune_jit.packaging`); None until then.
     """
 

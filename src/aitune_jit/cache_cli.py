@@ -1,7 +1,7 @@
 """`python -m aitune.torch.jit cache list|clear [--dir DIR]`: show or clear the persistent JIT cache.
 
 `list` prints one row per stored decision (module, graph, what was decided, size, age) as a rich table;
-unusable entries (damaged, edited) are listed as such; a decision with an AOTInductor package for warm starts
+unusable entries (damaged, edited) are listed as such; a decision with a package for warm starts
 (`packaging.py`) counts the package in its size. `clear` removes the decisions, the packages and, when aitune
 chose Inductor's cache folder (`<dir>/inductor`), Inductor's cached kernels too.
 """

@@ -2,7 +2,7 @@
 
 Why: the outcome of a tuning switches the node at once; two things come after it and must not delay it:
 
-- `package`: a graph tuned here whose decision has no AOTInductor package yet gets one made, for warm starts of
+- `package`: a graph tuned here whose decision has no package yet gets one made, for warm starts of
   later processes (`packaging.py`; graph name -> (decision key, the graph spec its backend serves));
 - `upgrade`: a graph that a warm start serves from a package is built again with the decided backend, which then
   replaces it (the package runs without CUDA graphs and without dynamo's specialization, so it may be slower).

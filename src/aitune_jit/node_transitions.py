@@ -157,7 +157,8 @@ class NodeTransitions:
 
     @property
     def package_due(self) -> Mapping[str, tuple[str, GraphSpec]]:
-        """Graphs that owe an AOTInductor package: name -> (decision key, the spec their backend serves)."""
+        """Graphs that owe a warm-start package (`packaging.py`): name -> (decision key, the spec their backend
+        serves)."""
         return MappingProxyType(dict(self._follow.package))
 
     @property

@@ -1,5 +1,6 @@
-"""Warm starts from AOTInductor packages: a tuned graph gets a package in the background, a later run serves it
-from the package at once and upgrades to the decided backend; a damaged package is ignored with one warning."""
+"""Warm starts from packages (precompiled functions, AOTInductor packages): a tuned graph gets a package in the
+background, a later run serves it from the package at once and upgrades to the decided backend; a damaged package
+is ignored with one warning."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ from aitune_jit.worker import wait_until_tuned
 BATCHES = [2, 3, 4]
 
 
-def _background(monkeypatch) -> None:
-    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "on")
+#: AITUNE_WORKER_PACKAGE -> (what the history calls such a package, its backend, its file suffix)
+KINDS = {"on": ("precompiled package", "PrecompiledBackend", ".aotc"),
+         "aoti": ("AOTInductor package", "AOTIPackageBackend", ".pt2")}
+
+
+def _background(monkeypatch, kind: str = "on") -> None:
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", kind)
     jit_config.blocking = False
     jit_config.backends = [CountingBackend()]  # the decision; the package is made of the module whatever it is
     jit_config.detect_graph_breaks = False
@@ -54,6 +60,9 @@ def test_packaging_is_opt_in_and_never_when_blocking(monkeypatch, caplog):
     assert not packaging.enabled(torch.device("cuda")) and not packaging.enabled(torch.device("cpu"))
     monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "on")
     assert packaging.enabled(torch.device("cpu")) and packaging.enabled(torch.device("cuda"))
+    assert packaging.kind() == "dynamo"
+    monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "aoti")
+    assert packaging.kind() == "aoti" and packaging.enabled(torch.device("cpu"))
     monkeypatch.setenv("AITUNE_WORKER_PACKAGE", "maybe")  # a wrong value: one warning, the default
     with caplog.at_level(logging.WARNING, logger="aitune.jit"):
         assert not packaging.enabled(torch.device("cpu"))
@@ -69,26 +78,33 @@ def test_a_decision_may_only_name_its_own_package_file():
     assert packaging.package_path(decision) is None
     decision.package = f"{decision.key}.pt2"
     assert packaging.package_path(decision).name == decision.package
+    decision.package = f"{decision.key}.1-ab.aotc"
+    assert packaging.package_path(decision).name == decision.package and packaging.label(decision).startswith("pre")
+    decision.package = f"{decision.key}.1-ab.py"  # not a package kind
+    assert packaging.package_path(decision) is None
     decision.package_sha256 = None
     assert packaging.package_path(decision) is None
 
 
 @pytest.mark.slow
-def test_a_later_run_warm_starts_from_the_package_then_upgrades(monkeypatch, caplog):
-    _background(monkeypatch)
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_later_run_warm_starts_from_the_package_then_upgrades(monkeypatch, caplog, kind):
+    what, backend_name, suffix = KINDS[kind]
+    _background(monkeypatch, kind)
     _serve(make_mlp())
-    made = _history("AOTInductor package for warm starts made")
+    made = _history(f"{what} for warm starts made")
     assert len(made) == 1, PatchedModule.history
     (decision,) = [d for _path, d in DecisionStore(jit_config.cache_dir).entries()]
     path = packaging.package_path(decision)
     assert path is not None and file_sha256(path) == decision.package_sha256
-    assert path.name.startswith(f"{decision.key}.") and path.name != f"{decision.key}.pt2"  # a name per build
+    assert path.name.startswith(f"{decision.key}.") and path.name != f"{decision.key}{suffix}"  # a name per build
+    assert path.suffix == suffix
 
     _new_process()
     builds = CountingBackend.builds
     model = make_mlp()
     _serve(model)
-    assert len(_history("warm start from the AOTInductor package")) == 1, PatchedModule.history
+    assert len(_history(f"warm start from the {what}")) == 1, PatchedModule.history
     assert len(_history("reused the decision")) == 1  # the upgrade to the decided backend
     node = PatchedModule.of(model)
     assert node.state is NodeState.TUNED and [b.name for b in node.backends] == ["CountingBackend"]
@@ -98,18 +114,18 @@ def test_a_later_run_warm_starts_from_the_package_then_upgrades(monkeypatch, cap
     monkeypatch.setattr(CountingBackend, "_build", lambda *a: (_ for _ in ()).throw(RuntimeError("no such device")))
     model = make_mlp()
     _serve(model)
-    assert [b.name for b in PatchedModule.of(model).backends] == ["AOTIPackageBackend"]
+    assert [b.name for b in PatchedModule.of(model).backends] == [backend_name]
     assert len(_history("the package keeps serving it")) == 1
     (kept,) = [d for _path, d in DecisionStore(jit_config.cache_dir).entries()]
     assert kept.kind == "backend" and kept.package == decision.package
     monkeypatch.undo()
-    _background(monkeypatch)
+    _background(monkeypatch, kind)
 
     path.write_bytes(path.read_bytes()[:1000])  # a damaged package: ignored, the decision built as before
     _new_process()
     with caplog.at_level(logging.WARNING, logger="aitune.jit"):
         _serve(make_mlp())
-    assert any("ignoring the AOTInductor package" in r.getMessage() and "SHA-256" in r.getMessage()
+    assert any(f"ignoring the {what}" in r.getMessage() and "SHA-256" in r.getMessage()
                for r in caplog.records)
     assert not _history("warm start from") and len(_history("reused the decision")) == 1
 

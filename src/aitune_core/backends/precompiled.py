@@ -1,0 +1,157 @@
+"""`PrecompiledBackend`: serve one graph of a module from a function torch precompiled earlier, without dynamo.
+
+Why: a new process that reuses a tuning decision still compiles the decided backend again: dynamo's trace and the
+loading of cached code take seconds of the GIL even with torch's caches warm (ResNet-50 on an H100: 5.8 s for
+`torch.compile`'s first call with warm Inductor caches). torch can save a whole compiled function - dynamo's
+bytecode, its guards and Inductor's code - and load it in another process (`aot_compile`,
+`torch.compiler.load_compiled_function`): no trace, no compile; on that H100, ResNet-50 loaded in 2.9 s and its
+first call answered 0.3-1.4 s later. Unlike an AOTInductor package (`aoti_package.py`) nothing is built with a C++
+toolchain, so it also works where such packages cannot be loaded (the H100 image this project measures on).
+
+What is precompiled is `precompiled_entry(module, *args, **kwargs)`: a call of the tuning view as the program made
+it (its own positional and keyword form), so the loaded function takes the call's arguments and returns the
+module's own output structure. It is made by `aitune_core.precompiling.make_precompiled`.
+
+Per call the function's own guards (dynamo's, saved with it: argument structure, dtypes, shapes within what was
+compiled, grad mode, constants such as a `scale=2.0` argument) are checked first; a call they reject is answered
+by the original forward (an `inference_mode` call among them: the function was compiled under `no_grad`).
+Weights are read from the module at every call (they are graph inputs), so in-place edits and replaced
+parameters are seen; a changed module structure is not (`bakes_weights`, `_refit`: the module watch sends calls
+to the original forward until the structure is the one precompiled).
+
+The file holds Python bytecode and a pickle that torch's loader reads: loading it runs its code. `build` loads only
+a file whose SHA-256 matches the one its caller recorded when it was made, and the caller validates the loaded
+backend on its own samples before any call uses it. The folder it comes from must be trusted as much as torch's
+own Inductor cache, which also holds pickles and generated code that torch loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from aitune_core.backends.aoti_package import file_sha256, structure_of
+from aitune_core.backends.backend import Backend, BackendConfig
+from aitune_core.errors import BackendBuildError
+from aitune_core.log import get_logger
+
+if TYPE_CHECKING:
+    from aitune_core.recording.sample import Sample
+    from aitune_core.specs.graph_spec import GraphSpec
+
+_logger = get_logger("backends")
+
+
+def precompiled_entry(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """What `make_precompiled` compiles and `PrecompiledBackend` calls: the module, called as the program called it.
+    (A function of this module's own, so that a loading process finds it under the same name.)"""
+    return module(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecompiledBackendConfig(BackendConfig):
+    """`artifact`: the file `save_compiled_function` wrote; `sha256`: its digest when it was made (hex)."""
+
+    artifact: str = ""
+    sha256: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.artifact, str) or not isinstance(self.sha256, str):
+            raise TypeError("PrecompiledBackendConfig: artifact and sha256 must be strings")
+
+
+def guard_failure(function: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> str:
+    """Why the precompiled function's guards reject this call (the first failing guard, shortened)."""
+    try:
+        verbose = function._artifacts.guard_manager.check_verbose(function.prepare_f_locals(module, *args, **kwargs))
+        parts = list(getattr(verbose, "verbose_code_parts", []) or [])
+        return (str(parts[0]).split("  #")[0].strip() if parts else "") or "a guard failed"
+    except Exception as exc:  # only an explanation: never fail the caller for it
+        return f"a guard failed ({type(exc).__name__})"
+
+
+class PrecompiledBackend(Backend):
+    """Loads `config.artifact` and serves the graph it was compiled for (see the module docstring)."""
+
+    config_class = PrecompiledBackendConfig
+
+    def __init__(self, config: PrecompiledBackendConfig | None = None) -> None:
+        super().__init__(config)
+        self._function: Any = None
+        self._module: torch.nn.Module | None = None
+        self._structure: tuple[tuple[str, str, str], ...] = ()
+        self.rejected_calls = 0
+
+    @property
+    def config(self) -> PrecompiledBackendConfig:
+        return self._config  # type: ignore[return-value]
+
+    @property
+    def bakes_weights(self) -> bool:
+        """Weights are read at each call, but the structure is the one precompiled: a replaced tensor or submodule
+        sends calls to the original forward until `refit` finds the structure unchanged."""
+        return True
+
+    def describe(self) -> str:
+        return f"{type(self).__name__}({Path(self.config.artifact).name})"
+
+    # ------------------------------------------------------------------------------ hooks
+    def _build(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
+        self._module = module
+        self._load()
+        self._structure = structure_of(module)
+        device = self._device
+        for sample in data:  # a function whose guards never hold here would only ever call the original forward
+            args, kwargs = sample.inputs_to(device) if device is not None else (sample.args, sample.kwargs)
+            with torch.no_grad():
+                if not self._function.guard_check(module, *args, **kwargs):
+                    why = guard_failure(self._function, module, tuple(args), dict(kwargs))
+                    raise BackendBuildError(f"{self.describe()}: its guards reject a recorded call here ({why})")
+
+    def _load(self) -> None:
+        """Load the function (after checking its digest)."""
+        path = Path(self.config.artifact)
+        if not path.is_file():
+            raise BackendBuildError(f"{self.describe()}: no precompiled function at {path}")
+        digest = file_sha256(path)
+        if digest != self.config.sha256:
+            raise BackendBuildError(f"{self.describe()}: the file's SHA-256 is {digest[:12]}..., not the "
+                                    f"{self.config.sha256[:12]}... recorded when it was made (damaged or edited)")
+        loader = getattr(torch.compiler, "load_compiled_function", None)
+        if loader is None:
+            raise BackendBuildError(f"{self.describe()}: torch {torch.__version__} cannot load precompiled functions")
+        with open(path, "rb") as handle:
+            function = loader(handle, external_data={"module": self._module})
+        disable = getattr(function, "disable_guard_check", None)
+        if disable is not None:  # `_infer` checks the guards itself, once per call
+            disable()
+        self._function = function
+
+    def _refit(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
+        """Nothing to bind (weights are read at each call); refused when the module's structure changed."""
+        if structure_of(module) != self._structure:
+            raise BackendBuildError(f"{self.describe()}: the module's structure changed since it was precompiled")
+        self._module = module
+
+    def _activate(self) -> None:
+        if self._module is None:
+            raise RuntimeError(f"{self.name}: no module to call (a precompiled backend is built, not loaded)")
+        self._load()
+
+    def _deactivate(self) -> None:
+        self._function = None
+
+    def _infer(self, *args: Any, **kwargs: Any) -> Any:
+        function, module = self._function, self._module
+        assert function is not None and module is not None
+        with torch.no_grad():  # dispatched calls build no autograd graph; the function was compiled under no_grad
+            if function.guard_check(module, *args, **kwargs):
+                return function(module, *args, **kwargs)
+        self.rejected_calls += 1
+        if self.rejected_calls == 1:
+            _logger.debug("%s: a call its guards reject runs the original forward (%s)", self.describe(),
+                          guard_failure(function, module, args, kwargs))
+        return module(*args, **kwargs)
