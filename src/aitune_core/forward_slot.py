@@ -10,7 +10,9 @@ subtle, and used to be done twice:
 - copying or pickling the module must yield the original forward bound to the copy - through stdlib callables
   only, so a pickle taken while aitune is on loads where aitune is not installed;
 - while dynamo traces the module (a user's `torch.compile` of a model aitune is recording), the original forward
-  runs, never the routing;
+  runs, never the routing; so it does while a `TorchDispatchMode` is active (`FakeTensorMode` in a shape or memory
+  estimator, `FlopCounterMode`) or a tensor argument is a dispatch subclass (a fake tensor, a `DTensor`): the
+  mode or subclass must see every operation, and a compiled kernel handed fake tensors crashed the process;
 - removal must put back exactly what was there (an instance `forward` the user set, or nothing), and only if the
   slot is still ours;
 - a program that replaces the forward after the slot is installed - assigns a new function to the class's
@@ -37,6 +39,24 @@ import torch
 
 _MISSING: Any = object()
 _is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str)
+
+
+def _dispatch_subclass(value: Any) -> bool:
+    """Whether `value` is a tensor whose class intercepts torch's dispatch (FakeTensor, DTensor, ...)."""
+    cls = type(value)
+    if cls in _PLAIN_TYPES or not issubclass(cls, torch.Tensor):
+        return False
+    return getattr(cls, "__torch_dispatch__", _PLAIN_DISPATCH) is not _PLAIN_DISPATCH
+
+
+def must_run_original(args: tuple, kwargs: dict) -> bool:
+    """A call only the module's own forward may answer: dynamo traces it, a dispatch mode is active, or an
+    argument is a dispatch subclass (see the module docstring)."""
+    return (_is_compiling() or _dispatch_modes() > 0 or any(map(_dispatch_subclass, args))
+            or any(map(_dispatch_subclass, kwargs.values())))
 
 Handler = Callable[[tuple, dict], Any]
 ChangeHandler = Callable[[str], "bool | None"]
@@ -55,7 +75,7 @@ class SlotForward:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         slot = self._slot
-        if _is_compiling():  # dynamo traces the module's own forward, never aitune's routing
+        if must_run_original(args, kwargs):  # dynamo traces the module's own forward, never aitune's routing
             return slot.original(*args, **kwargs)
         code = slot.code
         if code is not None:

@@ -128,3 +128,22 @@ def test_an_instance_forward_the_user_had_set_is_not_watched_for_class_changes()
     slot = ForwardSlot(net, lambda args, kwargs: "routed", on_change=lambda what: None).install()
     cls.forward = lambda self, x, scale=1.0: self.fc(x) * 0
     assert net(torch.randn(2, 4)) == "routed" and slot.code is None
+
+
+def test_under_a_dispatch_mode_or_with_a_fake_tensor_the_original_forward_runs():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = Net()
+    handled = []
+    ForwardSlot(net, lambda args, kwargs: handled.append(1) or "routed").install()
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        out = net(mode.from_tensor(torch.randn(2, 4)))
+    assert type(out).__name__ == "FakeTensor" and out.shape == (2, 4)
+    with FlopCounterMode(display=False) as counter:  # the mode must see the forward's operations
+        net(torch.randn(2, 4))
+    assert counter.get_total_flops() > 0
+    fake = FakeTensorMode(allow_non_fake_inputs=True).from_tensor(torch.randn(2, 4))
+    assert type(net(fake)).__name__ == "FakeTensor"  # a fake argument outside its mode's block
+    assert handled == []
+    assert net(torch.randn(2, 4)) == "routed" and handled == [1]
