@@ -44,6 +44,7 @@ from aitune_aot.chainable import install_chainable_methods
 from aitune_aot.hooks_hidden import hooks_hidden
 from aitune_aot.registry import MODULE_REGISTRY, default_name, sanitize_name
 from aitune_aot.strategy_choice import default_strategy, strategies_for, validate_strategies
+from aitune_core import torchscript_slots
 from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.config import config
 from aitune_core.errors import NotReplayableError
@@ -139,6 +140,7 @@ class Module(wrapt.CallableObjectProxy):
         self._self_name = MODULE_REGISTRY.register(explicit or default_name(module), self, explicit=bool(explicit))
         self._self_slot = ForwardSlot(module, self._route_call, owner=self, label=self._self_name,
                                       on_change=self._forward_changed).install()
+        torchscript_slots.install()  # torch.jit.script of the module sees its own forward (kept for the process)
 
     def _forward_changed(self, what: str) -> None:
         """The program replaced the forward (`ForwardSlot`): its slot answers with the new one from now on."""

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from aitune_core import torchscript_slots
 from aitune_core.patch import Patch
 from aitune_jit import dynamo_module_call, job_rng, module_copies, runtime, summary
 from aitune_jit.patched_module import PatchedModule
@@ -211,6 +212,7 @@ def install() -> None:
         if original is getattr(torch.nn.Module, "_wrapped_call_impl", None):  # (see dynamo_module_call)
             dynamo_module_call.register(patched, original)
         module_copies.install()
+        torchscript_slots.install()
         process.installed = True
         summary.register_atexit()
         _logger.debug("torch.nn.Module.__call__ patched for JIT tuning")
@@ -230,6 +232,7 @@ def uninstall() -> None:
             process.installed = False
             dynamo_module_call.unregister()
             module_copies.uninstall()
+            torchscript_slots.uninstall()
         PatchedModule.release_all()
         for module in list(_state.touched):
             module.__dict__.pop(NODE_ATTR, None)
