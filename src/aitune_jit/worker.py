@@ -483,8 +483,13 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
+    """The parent's threads do not exist in the child: no worker, and no job for the child's exit to wait for (a
+    forked child - a DataLoader worker, a `multiprocessing` process - waited `EXIT_WAIT_S` at its exit for the
+    parent's running job, 5 s per child)."""
     global _worker
-    _worker = None  # the parent's threads do not exist in the child
+    _worker = None
+    _live_jobs.clear()
+    _side_jobs.clear()
 
 
 if hasattr(os, "register_at_fork"):

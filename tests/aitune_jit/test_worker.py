@@ -257,6 +257,32 @@ def test_a_forked_child_starts_without_the_parents_worker(background):
     assert answer == b"none"
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_job_runs_exits_without_waiting_for_it(background):
+    # the child's exit ran the exit cancel over the parent's live jobs and waited EXIT_WAIT_S for each
+    CountingBackend.build_delay_s = 3.0
+    jit_config.min_samples = 2
+    model = make_mlp()
+    enable()
+    run(model, [2, 3, 2, 3, 2])
+    deadline = time.monotonic() + 10
+    while not worker._live_jobs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert worker._live_jobs
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        start = time.monotonic()
+        worker._at_exit()  # what the child's interpreter runs when its code ends
+        os.write(write, f"{len(worker._live_jobs)} {time.monotonic() - start:.2f}".encode())
+        os._exit(0)
+    os.close(write)
+    left, took = os.read(read, 64).decode().split()
+    os.waitpid(pid, 0)
+    assert left == "0" and float(took) < 1.0
+    assert wait_until_tuned(timeout=30)
+
+
 def test_switching_jit_off_while_a_job_runs_leaves_the_module_untouched(background):
     from aitune_jit.switch import disable
 
