@@ -89,3 +89,27 @@ def test_a_class_swap_while_recording_runs_the_new_class_and_a_late_outcome_is_d
     monkeypatch.setattr(TuningOutcome, "release_backends", lambda self: released.append(self))
     node.apply(late)
     assert node.state is NodeState.EAGER and released == [late]
+
+
+def test_a_tuned_model_under_fake_tensor_mode_runs_its_own_forward() -> None:
+    # a shape or memory estimator: the compiled backend was handed fake tensors and the process died (SIGSEGV)
+    from jit_helpers import MLP
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    model, node = _tuned_model(MLP)
+    infers = CountingBackend.infers
+    with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        out = model(mode.from_tensor(torch.randn(5, 32)))
+    assert type(out).__name__ == "FakeTensor" and tuple(out.shape) == (5, 4)
+    assert CountingBackend.infers == infers and node.state is NodeState.TUNED
+
+
+def test_torch_jit_script_of_a_tuned_model_compiles_the_users_forwards() -> None:
+    from jit_helpers import MLP
+
+    model, node = _tuned_model(MLP)
+    scripted = torch.jit.script(model)
+    x = torch.randn(3, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), MLP.forward(model, x))
+    assert "forward" in model.__dict__ and node.state is NodeState.TUNED  # routing is back
