@@ -26,6 +26,7 @@ then could recompile on the caller's thread, trace into FX's patched module call
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -185,10 +186,14 @@ class GraphDispatcher:
         if key in self._warned:
             return
         self._warned.add(key)
+        # one WARNING per module: a forward taking *args / **kwargs showed one per argument combination
+        first = (self.name, "") not in self._warned
+        self._warned.add((self.name, ""))
         details = "; ".join(f"graph {name}: {reason}" for name, reason in reasons)
-        _logger.warning(
+        _logger.log(
+            logging.WARNING if first else logging.DEBUG,
             "Module `%s`: call does not match any tuned graph, running the original module instead (%s). "
-            "This warning is shown once per reason.",
+            "This warning is shown once per module; other mismatches are logged at DEBUG (logger aitune.dispatch).",
             self.name,
             details,
         )
