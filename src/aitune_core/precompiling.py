@@ -5,14 +5,29 @@ the call's own form; the recorded call's dynamic axes (batch, sequence length) a
 (`maybe_mark_dynamic`): dynamo's own guards, saved with the function, then say which calls it serves. It is
 compiled whole (`fullgraph`: a graph break fails the make) with Inductor's default options (no CUDA graphs: a
 loaded function replays none), under `no_grad`, in the calling thread; with torch's caches warm from tuning this
-is a dynamo trace and cache lookups. The file is written beside its destination and moved into place with
-`os.replace`, so processes sharing the folder see the whole file or none. `backends/precompiled.py` loads it.
+is a dynamo trace and cache lookups.
+
+Two things torch's saved format does not carry by itself, both needed by transformers models:
+- guards on object identities (`ID_MATCH` and its family: a builtin activation function, a code object that
+  `inspect.signature` read) cannot be saved; they are left out (`guard_filter_fn`, as torch's own
+  `caching_precompile` does). What they checked is checked instead when the file is loaded: the structure of
+  the module (`structure_of`) and the outputs on the loading process's own recorded calls (validation);
+- module aliases that dynamo put into the entry's globals (`___module_collections_<id>_c0`, to build a
+  `ModelOutput`) are named in the file's header (`HEADER`), so that the loader can import them.
+
+File layout: one JSON line (`{"format": 1, "functions": [{"modules": {alias: module name}, "bytes": n}, ...]}`),
+then each function's bytes as torch saved them, in that order (`make_precompiled` says why a file holds more
+than one function). The file is
+written beside its destination and moved into place with `os.replace`, so processes sharing the folder see the
+whole file or none. `backends/precompiled.py` loads it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import types
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.backends.aoti_package import file_sha256
-from aitune_core.backends.precompiled import precompiled_entry
+from aitune_core.backends.precompiled import FORMAT, precompiled_entry
 from aitune_core.errors import BackendBuildError
 from aitune_core.specs.tree import flatten_values, unflatten
 
@@ -56,40 +71,95 @@ def _largest(data: Sequence[Sample]) -> Sample:
     return max(data, key=size)
 
 
+#: guard kinds torch cannot save (see the module docstring)
+UNSAVED_GUARDS = frozenset({"ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION"})
+
+
+def savable_guards(entries: Sequence[Any]) -> list[bool]:
+    """`guard_filter_fn`: keep every guard torch can save."""
+    return [not (entry.guard_type in UNSAVED_GUARDS or UNSAVED_GUARDS.intersection(entry.derived_guard_types))
+            for entry in entries]
+
+
 def _aot_compile(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-    compiled = torch.compile(precompiled_entry, fullgraph=True, backend="inductor")
+    compiled = torch.compile(precompiled_entry, fullgraph=True, backend="inductor",
+                             options={"guard_filter_fn": savable_guards})
     if hasattr(compiled, "aot_compile"):
         return compiled.aot_compile(((module, *args), kwargs))
     from torch._dynamo.aot_compile import aot_compile_fullgraph  # torch builds whose wrapper lacks the method
     from torch._dynamo.hooks import Hooks
 
     backend = torch._TorchCompileInductorWrapper(None, None, False)
-    return aot_compile_fullgraph(precompiled_entry, ((module, *args), kwargs), hooks=Hooks(), backend=backend)
+    return aot_compile_fullgraph(precompiled_entry, ((module, *args), kwargs),
+                                 hooks=Hooks(guard_filter_fn=savable_guards), backend=backend)
 
 
-def make_precompiled(module: torch.nn.Module, graph_spec: GraphSpec, data: Sequence[Sample], device: torch.device,
-                     dest: Path) -> str:
-    """Write the precompiled function of `module`'s graph `graph_spec` to `dest`; returns its SHA-256 (hex). Raises
-    `BackendBuildError` when this torch cannot precompile, or dynamo or Inductor fail (a graph break included)."""
-    if not data:
-        raise BackendBuildError("no recorded call to precompile from")
-    args, kwargs = _marked_call(graph_spec, _largest(data), device)
+def _module_aliases(function: Any) -> dict[str, str]:
+    """The entry's globals that the saved bytecode names but torch does not import back: modules dynamo aliased."""
+    env = getattr(getattr(function, "_artifacts", None), "runtime_env", None)
+    scope = precompiled_entry.__globals__
+    return {ref: scope[ref].__name__ for ref in sorted(getattr(env, "external_refs", ()) or ())
+            if isinstance(scope.get(ref), types.ModuleType)}
+
+
+#: the most functions one file holds (each another specialization the recorded calls need: a batch of 1)
+MAX_FUNCTIONS = 3
+
+
+def _accepts(function: Any, module: torch.nn.Module, sample: Sample, device: torch.device) -> bool:
+    args, kwargs = sample.inputs_to(device)
+    with torch.no_grad():
+        return bool(function.guard_check(module, *args, **kwargs))
+
+
+def _compile(module: torch.nn.Module, graph_spec: GraphSpec, sample: Sample, device: torch.device) -> Any:
+    args, kwargs = _marked_call(graph_spec, sample, device)
     try:
         with torch.no_grad():
-            function = _aot_compile(module, args, kwargs)
+            return _aot_compile(module, args, kwargs)
     except (ImportError, AttributeError) as exc:
         raise BackendBuildError(f"torch {torch.__version__} cannot precompile a function ({exc})") from exc
     except Exception as exc:  # dynamo or Inductor refused it (a graph break, an unsupported operation)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise BackendBuildError(f"precompiling failed ({type(exc).__name__}: {first[:300]})") from exc
+
+
+def make_precompiled(module: torch.nn.Module, graph_spec: GraphSpec, data: Sequence[Sample], device: torch.device,
+                     dest: Path) -> str:
+    """Write the precompiled functions of `module`'s graph `graph_spec` to `dest`; returns the file's SHA-256 (hex).
+
+    The first function is compiled from the largest recorded call; while recorded calls are left that no function's
+    guards accept (dynamo specializes an axis of size 1, so a batch of 1 is another function), another is compiled
+    from the largest of them, up to `MAX_FUNCTIONS`. Raises `BackendBuildError` when this torch cannot precompile,
+    or dynamo or Inductor refuse the first function (a graph break included)."""
+    if not data:
+        raise BackendBuildError("no recorded call to precompile from")
+    functions = [_compile(module, graph_spec, _largest(data), device)]
+    left = [s for s in data if not _accepts(functions[0], module, s, device)]
+    while left and len(functions) < MAX_FUNCTIONS:
+        try:
+            functions.append(_compile(module, graph_spec, _largest(left), device))
+        except BackendBuildError:
+            break  # those calls are answered by the original forward
+        left = [s for s in left if not _accepts(functions[-1], module, s, device)]
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
+    payload = scratch.with_suffix(".torch")
     try:
-        function.save_compiled_function(str(scratch), external_data={"module": module})
+        parts = []
+        for function in functions:
+            function.save_compiled_function(str(payload), external_data={"module": module})
+            parts.append((_module_aliases(function), payload.read_bytes()))
+        header = {"format": FORMAT, "functions": [{"modules": modules, "bytes": len(data)} for modules, data in parts]}
+        with open(scratch, "wb") as out:
+            out.write(json.dumps(header, sort_keys=True).encode() + b"\n")
+            for _modules, data in parts:
+                out.write(data)
         digest = file_sha256(scratch)
         os.replace(scratch, dest)
         return digest
     finally:
-        with contextlib.suppress(OSError):
-            scratch.unlink()
+        for leftover in (scratch, payload):
+            with contextlib.suppress(OSError):
+                leftover.unlink()

@@ -11,7 +11,7 @@ import pytest
 import torch
 from backend_models import record
 
-from aitune_core.backends.precompiled import PrecompiledBackend, PrecompiledBackendConfig
+from aitune_core.backends.precompiled import FORMAT, PrecompiledBackend, PrecompiledBackendConfig, read_precompiled
 from aitune_core.errors import BackendBuildError, BackendStateError
 from aitune_core.precompiling import make_precompiled
 
@@ -114,13 +114,41 @@ def test_a_damaged_file_or_recorded_calls_its_guards_reject_are_refused(made, tm
         _backend(made, _fresh(), path=copy)
     with pytest.raises(BackendBuildError, match="no precompiled function"):
         _backend(made, _fresh(), path=tmp_path / "missing.aotc")
-    other = list(samples)
-    other[0].kwargs["scale"] = 5.0  # a recorded call the function was not compiled for
+    for sample in samples:  # recorded calls none of its functions was compiled for
+        sample.kwargs["scale"] = 5.0
     try:
-        with pytest.raises(BackendBuildError, match="guards reject a recorded call"):
-            _backend(made, _fresh(), samples=other)
+        with pytest.raises(BackendBuildError, match="guards reject every recorded call"):
+            _backend(made, _fresh())
     finally:
-        other[0].kwargs["scale"] = 2.0
+        for sample in samples:
+            sample.kwargs["scale"] = 2.0
+
+
+@pytest.mark.slow
+def test_a_batch_of_one_gets_a_function_of_its_own(tmp_path):
+    module = _fresh()
+    spec, samples = record(module, scored_call, batch_sizes=(1, 8, 1, 8))  # dynamo specializes a size of 1
+    path = tmp_path / "mixed.aotc"
+    digest = make_precompiled(module, spec, samples, CPU, path)
+    backend = PrecompiledBackend(PrecompiledBackendConfig(artifact=str(path), sha256=digest))
+    backend.build(module, spec, samples, CPU, tmp_path)
+    assert len(backend._functions) == 2
+    for batch in (1, 5):
+        _check(backend, module, batch=batch)
+    assert backend.rejected_calls == 0
+
+
+def test_a_file_of_another_layout_is_refused_with_the_reason():
+    with pytest.raises(BackendBuildError, match="no header"):
+        read_precompiled(b"\x80\x04torch pickle")
+    with pytest.raises(BackendBuildError, match="not of format"):
+        read_precompiled(b'{"format": 99}\n')
+    header = b'{"format": %d, "functions": [{"modules": {}, "bytes": 4}]}\n' % FORMAT
+    assert read_precompiled(header + b"abcd") == [({}, b"abcd")]
+    with pytest.raises(BackendBuildError, match="describes its functions wrongly"):
+        read_precompiled(header + b"abc")  # shorter than it says
+    with pytest.raises(BackendBuildError, match="more than its header"):
+        read_precompiled(header + b"abcde")
 
 
 @pytest.mark.slow

@@ -28,6 +28,9 @@ own Inductor cache, which also holds pickles and generated code that torch loads
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import io
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +46,36 @@ if TYPE_CHECKING:
     from aitune_core.specs.graph_spec import GraphSpec
 
 _logger = get_logger("backends")
+#: the file layout `aitune_core.precompiling` writes: a JSON header line, then torch's bytes
+FORMAT = 1
+
+
+def read_precompiled(data: bytes) -> list[tuple[dict[str, str], bytes]]:
+    """(module aliases, torch's bytes) of each function in a precompiled file; `BackendBuildError` for another
+    layout."""
+    line, _newline, rest = data.partition(b"\n")
+    try:
+        header = json.loads(line.decode())
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BackendBuildError(f"not a precompiled file of this aitune (no header: {exc})") from exc
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise BackendBuildError(f"precompiled file header {header!r:.60} is not of format {FORMAT}")
+    entries = header.get("functions")
+    if not isinstance(entries, list) or not entries:
+        raise BackendBuildError("the precompiled file's header lists no functions")
+    functions, offset = [], 0
+    for entry in entries:
+        modules = entry.get("modules") if isinstance(entry, dict) else None
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        names_ok = isinstance(modules, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                     for k, v in modules.items())
+        if not names_ok or not isinstance(size, int) or size <= 0 or offset + size > len(rest):
+            raise BackendBuildError("the precompiled file's header describes its functions wrongly")
+        functions.append((modules, rest[offset:offset + size]))
+        offset += size
+    if offset != len(rest):
+        raise BackendBuildError("the precompiled file holds more than its header describes")
+    return functions
 
 
 def precompiled_entry(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
@@ -80,7 +113,7 @@ class PrecompiledBackend(Backend):
 
     def __init__(self, config: PrecompiledBackendConfig | None = None) -> None:
         super().__init__(config)
-        self._function: Any = None
+        self._functions: list[Any] = []
         self._module: torch.nn.Module | None = None
         self._structure: tuple[tuple[str, str, str], ...] = ()
         self.rejected_calls = 0
@@ -104,15 +137,17 @@ class PrecompiledBackend(Backend):
         self._load()
         self._structure = structure_of(module)
         device = self._device
-        for sample in data:  # a function whose guards never hold here would only ever call the original forward
+        rejected = []
+        for sample in data:  # functions whose guards hold for no recorded call would only call the original forward
             args, kwargs = sample.inputs_to(device) if device is not None else (sample.args, sample.kwargs)
-            with torch.no_grad():
-                if not self._function.guard_check(module, *args, **kwargs):
-                    why = guard_failure(self._function, module, tuple(args), dict(kwargs))
-                    raise BackendBuildError(f"{self.describe()}: its guards reject a recorded call here ({why})")
+            if self._pick(module, tuple(args), dict(kwargs)) is None:
+                rejected.append((tuple(args), dict(kwargs)))
+        if data and len(rejected) == len(data):
+            why = guard_failure(self._functions[0], module, *rejected[0])
+            raise BackendBuildError(f"{self.describe()}: its guards reject every recorded call here ({why})")
 
     def _load(self) -> None:
-        """Load the function (after checking its digest)."""
+        """Load the functions (after checking the file's digest)."""
         path = Path(self.config.artifact)
         if not path.is_file():
             raise BackendBuildError(f"{self.describe()}: no precompiled function at {path}")
@@ -123,12 +158,26 @@ class PrecompiledBackend(Backend):
         loader = getattr(torch.compiler, "load_compiled_function", None)
         if loader is None:
             raise BackendBuildError(f"{self.describe()}: torch {torch.__version__} cannot load precompiled functions")
-        with open(path, "rb") as handle:
-            function = loader(handle, external_data={"module": self._module})
-        disable = getattr(function, "disable_guard_check", None)
-        if disable is not None:  # `_infer` checks the guards itself, once per call
-            disable()
-        self._function = function
+        functions = []
+        for modules, payload in read_precompiled(path.read_bytes()):
+            try:
+                scope = {alias: importlib.import_module(name) for alias, name in modules.items()}
+            except ImportError as exc:
+                raise BackendBuildError(f"{self.describe()}: a module it needs is not importable here ({exc})") from exc
+            function = loader(io.BytesIO(payload), f_globals=scope, external_data={"module": self._module})
+            disable = getattr(function, "disable_guard_check", None)
+            if disable is not None:  # `_infer` checks the guards itself, once per call
+                disable()
+            functions.append(function)
+        self._functions = functions
+
+    def _pick(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        """The first function whose guards accept the call (checked under `no_grad`, as compiled), else None."""
+        with torch.no_grad():
+            for function in self._functions:
+                if function.guard_check(module, *args, **kwargs):
+                    return function
+        return None
 
     def _refit(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
         """Nothing to bind (weights are read at each call); refused when the module's structure changed."""
@@ -142,16 +191,17 @@ class PrecompiledBackend(Backend):
         self._load()
 
     def _deactivate(self) -> None:
-        self._function = None
+        self._functions = []
 
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
-        function, module = self._function, self._module
-        assert function is not None and module is not None
-        with torch.no_grad():  # dispatched calls build no autograd graph; the function was compiled under no_grad
-            if function.guard_check(module, *args, **kwargs):
+        module = self._module
+        assert module is not None and self._functions
+        function = self._pick(module, args, kwargs)
+        if function is not None:
+            with torch.no_grad():  # dispatched calls build no autograd graph; the functions were compiled so
                 return function(module, *args, **kwargs)
         self.rejected_calls += 1
         if self.rejected_calls == 1:
             _logger.debug("%s: a call its guards reject runs the original forward (%s)", self.describe(),
-                          guard_failure(function, module, args, kwargs))
+                          guard_failure(self._functions[0], module, args, kwargs))
         return module(*args, **kwargs)
