@@ -41,7 +41,11 @@ _MISSING: Any = object()
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
-_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str)
+_PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str, tuple, list, dict})
+
+Handler = Callable[[tuple, dict], Any]
+ChangeHandler = Callable[[str], "bool | None"]
+_logger = logging.getLogger("aitune")
 
 
 def _dispatch_subclass(value: Any) -> bool:
@@ -54,13 +58,17 @@ def _dispatch_subclass(value: Any) -> bool:
 
 def must_run_original(args: tuple, kwargs: dict) -> bool:
     """A call only the module's own forward may answer: dynamo traces it, a dispatch mode is active, or an
-    argument is a dispatch subclass (see the module docstring)."""
-    return (_is_compiling() or _dispatch_modes() > 0 or any(map(_dispatch_subclass, args))
-            or any(map(_dispatch_subclass, kwargs.values())))
-
-Handler = Callable[[tuple, dict], Any]
-ChangeHandler = Callable[[str], "bool | None"]
-_logger = logging.getLogger("aitune")
+    argument is a dispatch subclass (see the module docstring). A set lookup per argument on the common path."""
+    if _is_compiling() or _dispatch_modes():
+        return True
+    for value in args:
+        if type(value) not in _PLAIN_TYPES and _dispatch_subclass(value):
+            return True
+    if kwargs:
+        for value in kwargs.values():
+            if type(value) not in _PLAIN_TYPES and _dispatch_subclass(value):
+                return True
+    return False
 
 
 class SlotForward:
