@@ -27,6 +27,7 @@ own Inductor cache, which also holds pickles and generated code that torch loads
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import importlib
 import io
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 _logger = get_logger("backends")
 #: the file layout `aitune_core.precompiling` writes: a JSON header line, then torch's bytes
 FORMAT = 1
+_BUILTINS = {name: value for name, value in vars(builtins).items() if not name.startswith("_")}
 
 
 def read_precompiled(data: bytes) -> list[tuple[dict[str, str], bytes]]:
@@ -160,8 +162,8 @@ class PrecompiledBackend(Backend):
             raise BackendBuildError(f"{self.describe()}: torch {torch.__version__} cannot load precompiled functions")
         functions = []
         for modules, payload in read_precompiled(path.read_bytes()):
-            try:
-                scope = {alias: importlib.import_module(name) for alias, name in modules.items()}
+            try:  # builtins too: some torch versions save a builtin the bytecode names (`type`) as a global
+                scope = {**_BUILTINS, **{alias: importlib.import_module(name) for alias, name in modules.items()}}
             except ImportError as exc:
                 raise BackendBuildError(f"{self.describe()}: a module it needs is not importable here ({exc})") from exc
             function = loader(io.BytesIO(payload), f_globals=scope, external_data={"module": self._module})
