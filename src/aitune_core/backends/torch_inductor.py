@@ -54,6 +54,7 @@ import torch
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.batch_probes import batch_probes
 from aitune_core.backends.compile_regions import CompileRegions
+from aitune_core.backends.inductor_failures import constraint_violation, region_failure, untracked_pool_tensor
 from aitune_core.backends.isolated_entry import isolated_entry
 from aitune_core.log import get_logger
 from aitune_core.specs.binding import Binder
@@ -160,25 +161,6 @@ def _raised_recompile_limit() -> Any:
     return contextlib.nullcontext()
 
 
-#: what torch's errors say when a nested compile region is at fault (the compile is then tried without regions)
-_REGION_ERROR_WORDS = ("invoke_subgraph", "compile_region", "HigherOrderOp", "reuse entries", "InvokeSubgraph")
-
-
-def _in_chain(exc: BaseException | None, test: Any) -> bool:
-    """True when `test` holds for `exc` or an exception it was raised from (torch wraps its errors)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if test(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-def _region_failure(exc: BaseException) -> bool:
-    return _in_chain(exc, lambda e: any(word in f"{type(e).__name__}: {e}" for word in _REGION_ERROR_WORDS))
-
-
 def _varying_sequence_axis(graph_spec: GraphSpec) -> str | None:
     """How a non-leading input axis of the graph varies (a sequence length), or None when only axis 0 does (the
     batch, whatever name axis inference gave it: a 0-d input next to it makes it `dim0`)."""
@@ -190,10 +172,6 @@ def _varying_sequence_axis(graph_spec: GraphSpec) -> str | None:
             if high > low:
                 return f"axis {axis} of {spec.name or 'an input'} takes {high - low + 1} sizes ({low}..{high})"
     return None
-
-
-def _constraint_violation(exc: BaseException) -> bool:
-    return _in_chain(exc, lambda e: type(e).__name__ == "ConstraintViolationError")
 
 
 class TorchInductorBackend(Backend):
@@ -383,9 +361,9 @@ class TorchInductorBackend(Backend):
             used = self._mark_regions()
             self._compiled = self._compile()
             try:
-                self._warm_up(ordered)
+                self._warm_up_once_more_if_pool_held(ordered)
             except Exception as exc:
-                if not used or not _region_failure(exc):
+                if not used or not region_failure(exc):
                     raise
                 _logger.info("%s: the compile with %d blocks as nested compile regions failed (%s); compiling "
                              "without", self.describe(), used, str(exc).splitlines()[0] if str(exc) else exc)
@@ -401,6 +379,21 @@ class TorchInductorBackend(Backend):
         self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
         if not self._cudagraphs:  # (CUDA graphs would record each size here, for this thread only)
             self._warm_up_sizes(graph_spec, data)
+
+    def _warm_up_once_more_if_pool_held(self, ordered: list[Sample]) -> None:
+        """The warm-up; with CUDA graphs, again once after a full collection when a stale tensor held the graph's
+        memory pool (`inductor_failures.untracked_pool_tensor`)."""
+        try:
+            self._warm_up(ordered)
+        except Exception as exc:
+            if not self._cudagraphs or not untracked_pool_tensor(exc):
+                raise
+            _logger.info("%s: a tensor outside the graph's outputs held its CUDA-graph pool; collecting and "
+                         "warming up again", self.describe())
+            del exc
+            self._free_memory()
+            self._compiled = self._compile()
+            self._warm_up(ordered)
 
     def _warm_up_sizes(self, graph_spec: GraphSpec, data: list[Sample]) -> None:
         """Compile here the batch sizes of the range that no recorded call showed (`batch_probes`); best effort."""
@@ -439,7 +432,7 @@ class TorchInductorBackend(Backend):
                 except Exception as exc:
                     # dynamo raises before running anything when a marked axis is specialized by the model's
                     # code: hint instead of constrain and retry this sample once
-                    if self._soft_marks or not _constraint_violation(exc):
+                    if self._soft_marks or not constraint_violation(exc):
                         raise
                     _logger.info(
                         "%s: the model specializes a recorded dynamic axis; retrying with maybe_mark_dynamic (%s)",
