@@ -24,6 +24,7 @@ whole file or none. `backends/precompiled.py` loads it.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -81,23 +82,34 @@ def savable_guards(entries: Sequence[Any]) -> list[bool]:
             for entry in entries]
 
 
-def _aot_compile(module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
-    compiled = torch.compile(precompiled_entry, fullgraph=True, backend="inductor",
-                             options={"guard_filter_fn": savable_guards})
+def _entry_with_builtins() -> types.FunctionType:
+    """`precompiled_entry` over a copy of its globals that also holds the builtins by name: torch 2.11 saves only
+    the globals it finds in the frame's own dict, and refused its own function at once when the saved bytecode
+    named a builtin (`Missing required external references: ['type']`, BERT-base on the H100 image)."""
+    scope = {**{k: v for k, v in vars(builtins).items() if not k.startswith("_")}, **precompiled_entry.__globals__}
+    entry = types.FunctionType(precompiled_entry.__code__, scope, precompiled_entry.__name__)
+    entry.__qualname__ = precompiled_entry.__qualname__
+    return entry
+
+
+def _aot_compile(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[Any, dict[str, Any]]:
+    """The compiled function, and the globals dict its entry ran in (where dynamo put its module aliases)."""
+    entry = _entry_with_builtins()
+    compiled = torch.compile(entry, fullgraph=True, backend="inductor", options={"guard_filter_fn": savable_guards})
     if hasattr(compiled, "aot_compile"):
-        return compiled.aot_compile(((module, *args), kwargs))
+        return compiled.aot_compile(((module, *args), kwargs)), entry.__globals__
     from torch._dynamo.aot_compile import aot_compile_fullgraph  # torch builds whose wrapper lacks the method
     from torch._dynamo.hooks import Hooks
 
     backend = torch._TorchCompileInductorWrapper(None, None, False)
-    return aot_compile_fullgraph(precompiled_entry, ((module, *args), kwargs),
-                                 hooks=Hooks(guard_filter_fn=savable_guards), backend=backend)
+    function = aot_compile_fullgraph(entry, ((module, *args), kwargs), hooks=Hooks(guard_filter_fn=savable_guards),
+                                     backend=backend)
+    return function, entry.__globals__
 
 
-def _module_aliases(function: Any) -> dict[str, str]:
+def _module_aliases(function: Any, scope: dict[str, Any]) -> dict[str, str]:
     """The entry's globals that the saved bytecode names but torch does not import back: modules dynamo aliased."""
     env = getattr(getattr(function, "_artifacts", None), "runtime_env", None)
-    scope = precompiled_entry.__globals__
     return {ref: scope[ref].__name__ for ref in sorted(getattr(env, "external_refs", ()) or ())
             if isinstance(scope.get(ref), types.ModuleType)}
 
@@ -112,7 +124,8 @@ def _accepts(function: Any, module: torch.nn.Module, sample: Sample, device: tor
         return bool(function.guard_check(module, *args, **kwargs))
 
 
-def _compile(module: torch.nn.Module, graph_spec: GraphSpec, sample: Sample, device: torch.device) -> Any:
+def _compile(module: torch.nn.Module, graph_spec: GraphSpec, sample: Sample,
+             device: torch.device) -> tuple[Any, dict[str, Any]]:
     args, kwargs = _marked_call(graph_spec, sample, device)
     try:
         with torch.no_grad():
@@ -134,23 +147,23 @@ def make_precompiled(module: torch.nn.Module, graph_spec: GraphSpec, data: Seque
     or dynamo or Inductor refuse the first function (a graph break included)."""
     if not data:
         raise BackendBuildError("no recorded call to precompile from")
-    functions = [_compile(module, graph_spec, _largest(data), device)]
-    left = [s for s in data if not _accepts(functions[0], module, s, device)]
+    functions = [_compile(module, graph_spec, _largest(data), device)]  # (function, the globals it ran in)
+    left = [s for s in data if not _accepts(functions[0][0], module, s, device)]
     while left and len(functions) < MAX_FUNCTIONS:
         try:
             functions.append(_compile(module, graph_spec, _largest(left), device))
         except BackendBuildError:
             break  # those calls are answered by the original forward
-        left = [s for s in left if not _accepts(functions[-1], module, s, device)]
+        left = [s for s in left if not _accepts(functions[-1][0], module, s, device)]
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")
     payload = scratch.with_suffix(".torch")
     try:
         parts = []
-        for function in functions:
+        for function, scope in functions:
             function.save_compiled_function(str(payload), external_data={"module": module})
-            parts.append((_module_aliases(function), payload.read_bytes()))
+            parts.append((_module_aliases(function, scope), payload.read_bytes()))
         header = {"format": FORMAT, "functions": [{"modules": modules, "bytes": len(data)} for modules, data in parts]}
         with open(scratch, "wb") as out:
             out.write(json.dumps(header, sort_keys=True).encode() + b"\n")
