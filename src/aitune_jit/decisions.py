@@ -199,6 +199,10 @@ def _backend_class(decision: Decision) -> type[Backend]:
     return backend_class(str(decision.backend_type))
 
 
+class RefusedDecision(ValueError):
+    """A stored decision whose backend configuration is refused (not plain data, or not allowed from a file)."""
+
+
 def rebuild(
     decision: Decision, proxy: torch.nn.Module, spec: GraphSpec, samples: list[Sample], device: torch.device,
     cache_dir: Path,
@@ -209,7 +213,11 @@ def rebuild(
     from aitune_core.validation.validator import validate_backend
 
     cls = _backend_class(decision)
-    backend = cls(cls.config_class.from_dict(dict(decision.backend_config or {})))
+    try:
+        config = cls.config_class.from_dict(dict(decision.backend_config or {}))
+    except (TypeError, ValueError) as exc:  # an entry edited to carry what a file may not (`check_from_file`)
+        raise RefusedDecision(str(exc)) from exc
+    backend = cls(config)
     start = time.perf_counter()
     backend.build(proxy, spec, samples, device, cache_dir / backend.key())
     built_s = time.perf_counter() - start
@@ -250,6 +258,10 @@ def reuse(
         start = time.perf_counter()
         try:
             backend, built_s = rebuild(decision, proxy, spec, samples[spec.name], device, cache_dir)
+        except RefusedDecision as exc:
+            registry.log(f"{node.short} graph {spec.name}: refused the decision of {where}: {exc}; tuning it "
+                         "normally", logging.WARNING)
+            continue
         except Exception as exc:
             registry.log(f"{node.short} graph {spec.name}: the decision of {where} ({decision.describe()}) does "
                          f"not hold here ({type(exc).__name__}: {exc}); tuning it normally")

@@ -258,3 +258,29 @@ def test_inductors_cache_folder_goes_under_the_cache_dir_and_follows_it_unless_s
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "theirs")  # the program's own choice is kept
     decisions.point_inductor_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "theirs")
+
+
+def test_an_entry_edited_to_set_a_program_for_inductor_is_refused_with_a_warning(caplog):
+    """A decision in a shared cache folder, edited (checksum recomputed) to name Inductor's C++ compiler: the
+    configuration is refused before anything is built, with one WARNING, and the graph is tuned normally."""
+    from aitune_core.backends.torch_inductor import TorchInductorBackend
+
+    _siblings_only()
+    enable()
+    run(make_mlp(blocks=1), [2, 3])
+    disable()
+    store = DecisionStore(jit_config.cache_dir)
+    stored = next(d for _p, d in store.entries() if d.module.startswith("Block"))
+    inductor = {"backend_type": "TorchInductorBackend", "backend_description": "edited",
+                "backend_path": f"{TorchInductorBackend.__module__}.{TorchInductorBackend.__qualname__}",
+                "backend_config": {"options": {"cpp.cxx": "/tmp/not-a-compiler.sh"}}}
+    store.put(Decision(**{**stored.to_dict(), **inductor}))
+    decisions.reset()
+    PatchedModule.clear_history()
+    enable()
+    model = make_mlp(blocks=1)
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        torch.testing.assert_close(run(model, [2, 3, 4]), run(make_mlp(blocks=1), [2, 3, 4]))
+    refused = [r.getMessage() for r in caplog.records if "refused the decision" in r.getMessage()]
+    assert len(refused) == 1 and "'cpp.cxx' is not accepted from a file" in refused[0]
+    assert len(_tunings("Block")) == 1

@@ -68,6 +68,7 @@ class AOTIPackageBackend(Backend):
     """Loads `config.package` and serves the graph it was compiled for (see the module docstring)."""
 
     config_class = AOTIPackageBackendConfig
+    checkpointable = False  # its file is code: only the JIT's own cache folder names one (after a digest check)
 
     def __init__(self, config: AOTIPackageBackendConfig | None = None) -> None:
         super().__init__(config)

@@ -108,7 +108,14 @@ class BackendConfig:
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> BackendConfig:
-        return cls(**state)
+        """A configuration read back from a file (a checkpoint, a JIT decision): built, then `check_from_file`."""
+        config = cls(**state)
+        config.check_from_file()
+        return config
+
+    def check_from_file(self) -> None:
+        """Raise `ValueError` for a value that is fine in a script but not from a file (one that could name code
+        to run); every field here is plain data unless a subclass says otherwise."""
 
     def key(self) -> str:
         """Stable across processes: sha256 of the canonical JSON of the config."""
@@ -122,6 +129,8 @@ class Backend(ABC):
     STATE_TYPE: ClassVar[str] = "type"
     STATE_CONFIG: ClassVar[str] = "config"
     config_class: ClassVar[type[BackendConfig]] = BackendConfig
+    #: whether a checkpoint may name this backend (False for backends that load code files: JIT packages)
+    checkpointable: ClassVar[bool] = True
 
     def __init__(self, config: BackendConfig | None = None) -> None:
         if config is not None and not isinstance(config, self.config_class):

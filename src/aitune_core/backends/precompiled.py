@@ -112,6 +112,7 @@ class PrecompiledBackend(Backend):
     """Loads `config.artifact` and serves the graph it was compiled for (see the module docstring)."""
 
     config_class = PrecompiledBackendConfig
+    checkpointable = False  # its file is code: only the JIT's own cache folder names one (after a digest check)
 
     def __init__(self, config: PrecompiledBackendConfig | None = None) -> None:
         super().__init__(config)

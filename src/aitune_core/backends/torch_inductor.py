@@ -55,6 +55,7 @@ from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.batch_probes import batch_probes
 from aitune_core.backends.compile_regions import CompileRegions
 from aitune_core.backends.inductor_failures import constraint_violation, region_failure, untracked_pool_tensor
+from aitune_core.backends.inductor_options import check_from_file, check_options
 from aitune_core.backends.isolated_entry import isolated_entry
 from aitune_core.log import get_logger
 from aitune_core.specs.binding import Binder
@@ -118,8 +119,7 @@ class TorchInductorBackendConfig(BackendConfig):
             raise ValueError(
                 f"TorchInductorBackendConfig: unknown mode {self.mode!r}; valid modes: {', '.join(VALID_MODES)}"
             )
-        if self.options is not None and not isinstance(self.options, dict):
-            raise ValueError(f"TorchInductorBackendConfig: options must be a dict, got {type(self.options).__name__}")
+        check_options(self.options)
         for name in ("fullgraph", "autocast_enabled", "regions"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TorchInductorBackendConfig: {name} must be a bool, got {getattr(self, name)!r}")
@@ -133,6 +133,9 @@ class TorchInductorBackendConfig(BackendConfig):
                     f"got {self.autocast_dtype!r}"
                 )
             object.__setattr__(self, "autocast_dtype", dtype)
+
+    def check_from_file(self) -> None:
+        check_from_file(self.options)
 
     @property
     def wants_cudagraphs(self) -> bool:

@@ -151,6 +151,10 @@ def resolve_backend_class(type_name: Any) -> type[Backend]:
     if not isinstance(type_name, str):
         raise CheckpointError(f"checkpoint names a backend type that is not a string: {type_name!r}")
     try:
-        return backend_class(type_name)
+        found = backend_class(type_name)
     except KeyError as exc:
         raise CheckpointError(f"checkpoint names an unknown backend: {exc.args[0]}") from None
+    if not found.checkpointable:
+        raise CheckpointError(f"checkpoint names {type_name}, which loads code files and is never restored from a "
+                              "checkpoint")
+    return found
