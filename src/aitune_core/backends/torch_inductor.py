@@ -54,7 +54,7 @@ import torch
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.batch_probes import batch_probes
 from aitune_core.backends.compile_regions import CompileRegions
-from aitune_core.backends.inductor_failures import constraint_violation, region_failure, untracked_pool_tensor
+from aitune_core.backends.inductor_failures import constraint_violation, region_failure
 from aitune_core.backends.inductor_options import check_from_file, check_options
 from aitune_core.backends.isolated_entry import isolated_entry
 from aitune_core.log import get_logger
@@ -364,7 +364,7 @@ class TorchInductorBackend(Backend):
             used = self._mark_regions()
             self._compiled = self._compile()
             try:
-                self._warm_up_once_more_if_pool_held(ordered)
+                self._warm_up(ordered)
             except Exception as exc:
                 if not used or not region_failure(exc):
                     raise
@@ -382,21 +382,6 @@ class TorchInductorBackend(Backend):
         self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
         if not self._cudagraphs:  # (CUDA graphs would record each size here, for this thread only)
             self._warm_up_sizes(graph_spec, data)
-
-    def _warm_up_once_more_if_pool_held(self, ordered: list[Sample]) -> None:
-        """The warm-up; with CUDA graphs, again once after a full collection when a stale tensor held the graph's
-        memory pool (`inductor_failures.untracked_pool_tensor`)."""
-        try:
-            self._warm_up(ordered)
-        except Exception as exc:
-            if not self._cudagraphs or not untracked_pool_tensor(exc):
-                raise
-            _logger.info("%s: a tensor outside the graph's outputs held its CUDA-graph pool; collecting and "
-                         "warming up again", self.describe())
-            del exc
-            self._free_memory()
-            self._compiled = self._compile()
-            self._warm_up(ordered)
 
     def _warm_up_sizes(self, graph_spec: GraphSpec, data: list[Sample]) -> None:
         """Compile here the batch sizes of the range that no recorded call showed (`batch_probes`); best effort."""
