@@ -118,10 +118,10 @@ class Module(wrapt.CallableObjectProxy):
         if existing is not None:
             raise ValueError(f"this {type(module).__name__} is already wrapped by aitune Module {existing.name!r}")
         if "forward" in module.__dict__:
-            raise ValueError(
-                f"this {type(module).__name__} has an instance-level forward (patched by another tool); "
-                "aitune cannot route its calls"
-            )
+            by = ("aitune's JIT tuning, which saw it called before it was wrapped: wrap it before its first call, or "
+                  "call aitune.torch.jit.disable() first" if ForwardSlot.of(module) else "another tool")
+            raise ValueError(f"this {type(module).__name__} has an instance-level forward (set by {by}); aitune "
+                             "cannot route its calls")
         validate_strategies(strategy, strategies)
         super().__init__(module)
         self._self_strategy = strategy

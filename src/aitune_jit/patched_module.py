@@ -244,13 +244,24 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
             if reason is not None:
                 self.state = NodeState.SKIPPED
                 self.reason = reason
+                self.descend = not self._routed_elsewhere()
                 self._log(f"Skipping {self.short}: {reason}")
             elif parent is None or parent.is_open:
                 self._become_candidate()
 
+    def _routed_elsewhere(self) -> bool:
+        """Whether another owner's forward slot routes the module's calls (an `aitune.torch.Module` wrapper): the
+        JIT leaves it and its subtree alone (it wrapped that slot in its own, and `aitune.torch.save` then found no
+        wrapper: "no aitune Module found")."""
+        module = self.module
+        slot = ForwardSlot.of(module) if module is not None else None
+        return slot is not None and slot is not self._slot
+
     def _skip_reason(self) -> str | None:
         cfg = jit_config
         module = self.module
+        if self._routed_elsewhere():
+            return "it is tuned ahead of time (an aitune.torch.Module wraps it)"
         qualified = f"{type(module).__module__}.{type(module).__qualname__}" if module is not None else self.name
         if self.name in cfg.skip_modules or qualified in cfg.skip_modules:
             return f"{self.name} is in jit_config.skip_modules"

@@ -113,3 +113,29 @@ def test_torch_jit_script_of_a_tuned_model_compiles_the_users_forwards() -> None
     with torch.no_grad():
         torch.testing.assert_close(scripted(x), MLP.forward(model, x))
     assert "forward" in model.__dict__ and node.state is NodeState.TUNED  # routing is back
+
+
+def test_a_submodule_wrapped_by_aitune_torch_module_is_left_to_it() -> None:
+    # the JIT wrapped the AOT wrapper's slot in its own, and aitune.torch.save found no aitune Module
+    import pytest
+    from jit_helpers import MLP
+
+    from aitune_aot.module import Module, find_wrapper
+
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+    jit_config.min_samples = 2
+    jit_config.skip_modules = ["MLP", "Sequential"]  # the blocks are the candidates
+    model = MLP().eval()
+    raw = model.blocks[0]
+    model.blocks[0] = wrapper = Module(raw, "first_block")
+    enable()
+    run(model, [1, 2, 1, 2])
+    node = PatchedModule.of(raw)
+    assert node.state is NodeState.SKIPPED and not node.descend and "aitune.torch.Module" in node.reason
+    assert find_wrapper(raw) is wrapper and PatchedModule.of(model.blocks[1]).state is NodeState.TUNED
+    other = MLP().eval()
+    run(other, [1, 2])  # the JIT records its blocks now: wrapping one is refused with the reason
+    with pytest.raises(ValueError, match="aitune's JIT tuning"):
+        Module(other.blocks[0], "late")
