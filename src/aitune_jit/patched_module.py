@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from aitune_core.errors import brief
 from aitune_core.forward_slot import ForwardSlot, SlotForward
 from aitune_core.module_info import count_parameters
 from aitune_jit.compile_exclusion import excluding_compiles
@@ -373,19 +374,17 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         if not failed:  # a backend already replaced (and released) by a re-tune or an upgrade: nothing to blame
             return
         self._entries = [(spec, b) for spec, b in self._entries if b is not backend]
+        why = brief(exc)  # (torch's errors run to pages: a traceback's worth went into one WARNING)
         for spec, _b in failed:
-            self._failed[spec.name] = f"backend failed at run time: {type(exc).__name__}: {exc}"
-        self._log(
-            f"Backend {backend.describe() if backend else '?'} of {self.short} failed at run time "
-            f"({type(exc).__name__}: {exc}); that graph runs eagerly from now on",
-            logging.WARNING,
-        )
+            self._failed[spec.name] = f"backend failed at run time: {why}"
+        self._log(f"Backend {backend.describe() if backend else '?'} of {self.short} failed at run time ({why}); "
+                  "that graph runs eagerly from now on", logging.WARNING)
         _logger.debug("Backend failure in %s", self.path, exc_info=True)
         if self._entries:
             self._dispatcher = self._new_dispatcher()
             self._record_tuned()  # the backends that are left
         else:
-            self._go_eager(f"its backend failed at run time ({type(exc).__name__}: {exc})", reopen=False)
+            self._go_eager(f"its backend failed at run time ({why})", reopen=False)
 
     def _new_dispatcher(self) -> GraphDispatcher:
         from aitune_core.backends.dispatcher import GraphDispatcher

@@ -438,3 +438,23 @@ def test_a_replaced_backend_failing_in_a_call_that_was_already_on_its_way_blames
     node._entries = [(spec, fresh)]  # what `_go_tuned` does for a re-tuned graph
     node._backend_failed(old, RuntimeError("released"))
     assert node.state is NodeState.TUNED and node._failed == {} and node._entries == [(spec, fresh)]
+
+
+def test_a_backend_failing_at_run_time_with_a_page_of_text_is_one_short_warning(monkeypatch, caplog):
+    # dynamo's run-time errors carry the user's stack and pages of explanation: all of it went into one WARNING
+    import logging
+
+    page = "Unsupported: cannot trace it\n" + '  File "x.py", line 1, in forward\n    y = f(x)\n' * 40
+    _fake_backends(FailsAtRunTimeBackend())
+    FailsAtRunTimeBackend.fail_after = 10**9
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    FailsAtRunTimeBackend.fail_after = 0
+    monkeypatch.setattr(FailsAtRunTimeBackend, "_infer", lambda self, *a, **k: (_ for _ in ()).throw(
+        RuntimeError(page)))
+    with caplog.at_level(logging.WARNING, logger="aitune"), torch.no_grad():
+        model(torch.randn(3, 32))
+    warnings = [r.getMessage() for r in caplog.records if "failed at run time" in r.getMessage()]
+    assert len(warnings) == 1 and "\n" not in warnings[0] and len(warnings[0]) < 800
+    assert "cannot trace it" in warnings[0] and 'File "x.py"' not in warnings[0]
