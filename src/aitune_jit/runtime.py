@@ -8,6 +8,7 @@ adopted into the hierarchy or tuned again.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -51,13 +52,29 @@ def skip_as_top_frame(*functions: Callable[..., Any]) -> None:
     objects as their top frame, and after `recompile_limit` (8) different modules dynamo would stop
     compiling. Inlining (a compiled forward calling a submodule) is not affected. Such skipped frames run as
     plain Python while dynamo's frame callback is installed: the slow paths check `in_dynamo_region()` and
-    pass the call through."""
-    try:
-        from torch._dynamo.eval_frame import skip_code
-    except ImportError:  # pragma: no cover - a torch without it: only the protection above is lost
+    pass the call through.
+
+    Dynamo is not imported for it (1.3 s of every process's start-up on a 2-core CPU): when it is not loaded yet,
+    the codes are marked as soon as it is (`wrapt.register_post_import_hook`), before it can compile anything."""
+    codes = [fn.__code__ for fn in functions]
+    loaded = sys.modules.get(_EVAL_FRAME)
+    if loaded is not None:
+        _skip(loaded, codes)
         return
-    for fn in functions:
-        skip_code(fn.__code__)
+    import wrapt
+
+    wrapt.register_post_import_hook(lambda module: _skip(module, codes), _EVAL_FRAME)
+
+
+_EVAL_FRAME = "torch._dynamo.eval_frame"
+
+
+def _skip(eval_frame: Any, codes: list[Any]) -> None:
+    skip_code = getattr(eval_frame, "skip_code", None)
+    if skip_code is None:  # pragma: no cover - a torch without it: only the protection above is lost
+        return
+    for code in codes:
+        skip_code(code)
 
 
 class _Process:
