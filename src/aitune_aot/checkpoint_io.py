@@ -53,6 +53,7 @@ from aitune_core.checkpoint.module_state import (
 )
 from aitune_core.device_check import unavailable
 from aitune_core.errors import CheckpointError
+from aitune_core.log import install_stderr_warnings
 from aitune_core.module_info import module_device
 from aitune_core.specs.graph_spec import GraphSpec
 
@@ -339,6 +340,7 @@ def load(model: Any, path: str | os.PathLike, device: torch.device | str | None 
             mismatch, a different model, an unknown backend, a device that is not available, a backend that
             cannot be restored. The model is then exactly as it was before the call.
     """
+    install_stderr_warnings()  # (calls outside the restored ranges warn once, visibly: see aitune_core.log)
     target_device = _check_device(device)
     reader = CheckpointReader(path)
     try:

@@ -16,7 +16,7 @@ from aitune_aot.registry import MODULE_REGISTRY
 from aitune_aot.samples import samples_generator, validate_batch_sizes
 from aitune_aot.strategy_choice import validate_strategies
 from aitune_core.context import BATCH_SIZE_KEY, global_context
-from aitune_core.log import format_duration
+from aitune_core.log import format_duration, install_stderr_warnings
 
 if TYPE_CHECKING:
     from aitune_core.strategies.strategy import TuneStrategy
@@ -98,6 +98,7 @@ def tune(
         raise TypeError(f"func must be callable (a model or a function), got {type(func).__name__}")
     if strategy is not None:
         validate_strategies(strategy, None)
+    install_stderr_warnings()  # (its calls outside the tuned ranges warn once, visibly: see aitune_core.log)
     sizes = validate_batch_sizes(batch_sizes)
     generator = samples_generator(dataset, sizes, max_num_batches_per_batch_size)
     if len(sizes) == 1:

@@ -273,3 +273,25 @@ def test_an_error_of_the_callers_own_forward_is_not_blamed_on_the_backend(caplog
     with torch.no_grad():
         model(torch.randn(2, 8))
     assert CountingBackend.infers == before + 1  # the backend still serves the next call
+
+
+def test_a_script_that_configured_no_logging_sees_the_out_of_range_warning_once(tmp_path):
+    # the `aitune` logger has only a NullHandler: the one warning a fallback owes the user was invisible
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import torch, aitune.torch as ait\n"
+        "from aitune_core.backends.torch_eager import TorchEagerBackend\n"
+        "net = ait.Module(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(), 'net')\n"
+        "ait.tune(net, [torch.randn(8) for _ in range(4)], batch_sizes=[2, 4],\n"
+        "         strategy=ait.FirstWinsStrategy([TorchEagerBackend()]))\n"
+        "with torch.no_grad():\n"
+        "    for batch in (16, 32):\n"
+        "        net(torch.randn(batch, 8))\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path, env={**__import__("os").environ, "AITUNE_CACHE_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    shown = [line for line in result.stderr.splitlines() if "outside the tuned range" in line]
+    assert len(shown) == 1 and shown[0].startswith("[aitune] WARNING")
