@@ -16,6 +16,8 @@ from aitune_aot.registry import MODULE_REGISTRY
 from aitune_aot.samples import samples_generator, validate_batch_sizes
 from aitune_aot.strategy_choice import validate_strategies
 from aitune_core.context import BATCH_SIZE_KEY, global_context
+from aitune_core.device_check import unavailable
+from aitune_core.errors import ConfigError
 from aitune_core.log import format_duration, install_stderr_warnings
 
 if TYPE_CHECKING:
@@ -99,6 +101,8 @@ def tune(
     if strategy is not None:
         validate_strategies(strategy, None)
     install_stderr_warnings()  # (its calls outside the tuned ranges warn once, visibly: see aitune_core.log)
+    if device is not None and (missing := unavailable(torch.device(device))) is not None:
+        raise ConfigError(f"tune(device={str(device)!r}): {missing}")  # (it tuned on the CPU without a word)
     sizes = validate_batch_sizes(batch_sizes)
     generator = samples_generator(dataset, sizes, max_num_batches_per_batch_size)
     if len(sizes) == 1:

@@ -295,3 +295,12 @@ def test_a_script_that_configured_no_logging_sees_the_out_of_range_warning_once(
     assert result.returncode == 0, result.stderr[-2000:]
     shown = [line for line in result.stderr.splitlines() if "outside the tuned range" in line]
     assert len(shown) == 1 and shown[0].startswith("[aitune] WARNING")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_tuning_on_a_device_this_machine_lacks_is_refused_with_the_reason():
+    from aitune_core.errors import ConfigError
+
+    Module(MLP().eval(), "gpu_only")
+    with pytest.raises(ConfigError, match="no cuda device is available"):
+        tune(lambda x: x, [torch.randn(4)], batch_sizes=[1, 2], device="cuda")
