@@ -153,7 +153,7 @@ from aitune_core.backends.torch_inductor import TorchInductorBackendConfig
 configs = [
     TorchInductorBackendConfig(),
     TorchInductorBackendConfig(mode="max-autotune", fullgraph=True),
-    TorchInductorBackendConfig(options={"b": 1, "a": {"y": 2, "x": 3}}),
+    TorchInductorBackendConfig(options={"max_autotune": True, "triton": {"cudagraphs": False, "max_tiles": 2}}),
     TorchInductorBackendConfig(autocast_enabled=True, autocast_dtype=torch.bfloat16),
 ]
 print(json.dumps([c.key() for c in configs]))

@@ -28,6 +28,20 @@ class Outer(torch.nn.Module):
         return self.inner(x) * 2
 
 
+@pytest.fixture(autouse=True)
+def none_installed():
+    """Each test starts with the wrap off (an `aitune.torch.Module` made by an earlier test keeps it on for the
+    process) and the count as it was is restored afterwards."""
+    users = torchscript_slots._users
+    for _ in range(users):
+        torchscript_slots.uninstall()
+    yield
+    while torchscript_slots.installed():
+        torchscript_slots.uninstall()
+    for _ in range(users):
+        torchscript_slots.install()
+
+
 @pytest.fixture
 def installed():
     torchscript_slots.install()
