@@ -7,8 +7,9 @@ project's 2-core CPU) and Inductor's check of the vector instruction sets (test 
 subprocesses, about 1 s). None of it depends on the model, and the check mostly waits for its subprocesses, so
 it can run beside the program's own start-up and the job's work instead of before them.
 
-How: `start()` (from `switch.enable`, on the thread that imported torch) looks for a CPU decision to build an
-Inductor backend taken with this torch, Python and aitune (`wanted_devices`); if there is one, a side job of the
+How: `start()` (from `switch.enable`, on the thread that imported torch) looks for a decision to build an
+Inductor backend taken with this torch, Python and aitune (`wanted_devices`). For one of any device it imports
+dynamo at once (`DYNAMO`: aitune itself does not, see `runtime.skip_as_top_frame`). For a CPU one, a side job of the
 worker (`worker.start_side_job`: it steps aside while requests are served and is cancelled when the program
 ends) imports those modules, says so (a tuning job that starts meanwhile waits for that, so the two never import
 torch's mutually importing modules at once), then runs the check beside the job. A failure is logged at DEBUG;
@@ -46,6 +47,11 @@ _logger = logging.getLogger("aitune.jit")
 
 #: imported before the check (it needs the first; the second, the C++ build helpers, a warm rebuild imports too)
 MODULES = ("torch._inductor.cpu_vec_isa", "torch.utils.cpp_extension")
+#: imported at once, on the program's thread, by a process whose cache holds a decision it can rebuild (any
+#: device): aitune does not import dynamo for a process that may never tune (1.3 s of start-up on this CPU), but a
+#: warm process's first job would import it while its requests wait (a warm CPU serving process was tuned 1.5 s
+#: later after its first request when the import moved there)
+DYNAMO = "torch._dynamo"
 #: decision files looked at, newest first (a large shared cache folder is not read whole at start-up)
 MAX_SCANNED = 64
 INDUCTOR_BACKEND = "TorchInductorBackend"
@@ -98,7 +104,10 @@ def start() -> bool:
     try:
         if not jit_config.reuse_decisions:
             return False
-        devices = wanted_devices(_newest_decisions()) & PREFETCHED_DEVICES
+        wanted = wanted_devices(_newest_decisions())
+        if wanted:  # a warm process: its first job rebuilds with dynamo, which aitune itself no longer imports
+            importlib.import_module(DYNAMO)
+        devices = wanted & PREFETCHED_DEVICES
         if not devices:
             return False
         decisions.point_inductor_cache()  # (here, on the program's thread: the CPU check writes into that folder)

@@ -128,3 +128,15 @@ def test_the_prefetch_imports_the_compiler_modules(monkeypatch):
     monkeypatch.setattr(cpu_vec_isa, "valid_vec_isa_list", lambda: checked.append(signalled.is_set()))
     compiler_prefetch.prefetch({"cpu"}, signalled)
     assert checked == [True]  # the imports were announced before the check (a tuning job waits only for those)
+
+
+def test_a_process_that_will_rebuild_a_decision_imports_dynamo_at_once(fresh, monkeypatch):
+    # aitune no longer imports dynamo at start-up; a warm process's first job would then import it while its
+    # requests wait, so the import stays at start-up for a cache with a decision this process can rebuild
+    folder, _calls, _done = fresh
+    imported = []
+    monkeypatch.setattr(compiler_prefetch.importlib, "import_module", lambda name: imported.append(name))
+    assert compiler_prefetch.start() is False and imported == []  # no decision: nothing imported
+    compiler_prefetch._started = False
+    DecisionStore(folder).put(_decision(device="cuda"))  # a GPU's decision: no prefetch, but dynamo is imported
+    assert compiler_prefetch.start() is False and imported == [compiler_prefetch.DYNAMO]
