@@ -64,20 +64,25 @@ def test_a_later_run_reuses_the_stored_decision(tmp_path):
     assert any("reused the decision of MLP.blocks.0 from the cache" in h for h in PatchedModule.history)
 
 
-def test_a_decision_that_does_not_hold_here_is_tuned_again(caplog):
-    """A stored decision whose backend fails to build for this module: normal tuning, outputs unchanged."""
+def _store_edited_block_decision(**changes: object) -> None:
+    """Tune a one-block MLP's block, store its decision with `changes` (as an editor of the cache folder would),
+    and start again as a new process: nothing in memory, the history empty, the hook on."""
     _siblings_only()
     enable()
     run(make_mlp(blocks=1), [2, 3])
     disable()
     store = DecisionStore(jit_config.cache_dir)
     stored = next(d for _p, d in store.entries() if d.module.startswith("Block"))
-    raising = {"backend_type": "RaisingBackend", "backend_description": "raising",
-               "backend_path": f"{RaisingBackend.__module__}.{RaisingBackend.__qualname__}"}
-    store.put(Decision(**{**stored.to_dict(), **raising}))
+    store.put(Decision(**{**stored.to_dict(), **changes}))
     decisions.reset()
     PatchedModule.clear_history()
     enable()
+
+
+def test_a_decision_that_does_not_hold_here_is_tuned_again(caplog):
+    """A stored decision whose backend fails to build for this module: normal tuning, outputs unchanged."""
+    _store_edited_block_decision(backend_type="RaisingBackend", backend_description="raising",
+                                 backend_path=f"{RaisingBackend.__module__}.{RaisingBackend.__qualname__}")
     model = make_mlp(blocks=1)
     outputs = run(model, [2, 3, 4])
     torch.testing.assert_close(outputs, run(make_mlp(blocks=1), [2, 3, 4]))
@@ -265,19 +270,10 @@ def test_an_entry_edited_to_set_a_program_for_inductor_is_refused_with_a_warning
     configuration is refused before anything is built, with one WARNING, and the graph is tuned normally."""
     from aitune_core.backends.torch_inductor import TorchInductorBackend
 
-    _siblings_only()
-    enable()
-    run(make_mlp(blocks=1), [2, 3])
-    disable()
-    store = DecisionStore(jit_config.cache_dir)
-    stored = next(d for _p, d in store.entries() if d.module.startswith("Block"))
-    inductor = {"backend_type": "TorchInductorBackend", "backend_description": "edited",
-                "backend_path": f"{TorchInductorBackend.__module__}.{TorchInductorBackend.__qualname__}",
-                "backend_config": {"options": {"cpp.cxx": "/tmp/not-a-compiler.sh"}}}
-    store.put(Decision(**{**stored.to_dict(), **inductor}))
-    decisions.reset()
-    PatchedModule.clear_history()
-    enable()
+    _store_edited_block_decision(
+        backend_type="TorchInductorBackend", backend_description="edited",
+        backend_path=f"{TorchInductorBackend.__module__}.{TorchInductorBackend.__qualname__}",
+        backend_config={"options": {"cpp.cxx": "/tmp/not-a-compiler.sh"}})
     model = make_mlp(blocks=1)
     with caplog.at_level(logging.WARNING, logger="aitune"):
         torch.testing.assert_close(run(model, [2, 3, 4]), run(make_mlp(blocks=1), [2, 3, 4]))
