@@ -1,4 +1,4 @@
-"""A tuning job on a worker thread never rewinds the program's random number streams.
+"""A tuning job on a worker thread never rewinds the program's random number streams or process-wide settings.
 
 Why: when dynamo compiles a frame it saves the process-wide random states (torch's default CPU generator, the
 current CUDA device's generator, Python's `random`) and puts them back when the compile ends, so that compiling
@@ -8,9 +8,13 @@ job compiles while the program runs on, and every number the program drew in the
 draws the same numbers again. Plain `torch.compile` on a second thread does the same (this CPU: 4 of 240 draws of
 `torch.rand` and 2 of 240 of `random.random` repeated while one compile ran beside them).
 
+The same holds for the process-wide settings dynamo saves and puts back (`PROCESS_SETTINGS`: the default dtype,
+deterministic algorithms): a program that changed one while a job compiled found it changed back.
+
 How: while a thread is inside `on_job_thread()` (the worker's job and side-job bodies), `torch.set_rng_state`,
-`torch.random.set_rng_state`, `torch.cuda.set_rng_state` and `random.setstate` do nothing on that thread; on every
-other thread they are torch's and Python's own. A job has nothing of its own to undo there: what it replays draws
+`torch.random.set_rng_state`, `torch.cuda.set_rng_state`, `random.setstate`, `torch.set_default_dtype` and
+`torch.use_deterministic_algorithms` do nothing on that thread; on every other thread they are torch's and
+Python's own. A job has nothing of its own to undo there: what it replays draws
 no random numbers (a module whose recorded calls draw is not tuned, `aitune_core/recording/module_effects.py`),
 validation makes its inputs with a generator of its own, and compiling draws nothing. The patches
 (`aitune_core.patch.Patch`) are applied by `install()` before the first job starts and taken off by
@@ -75,8 +79,15 @@ def _skip_on_job_thread(original: Callable[..., Any]) -> Callable[..., Any]:
     return restore
 
 
+#: process-wide settings dynamo also saves and puts back around a compile: a program that switched its default dtype
+#: (or deterministic algorithms) while a job compiled had the change undone when the compile ended (a reviewer's
+#: script: `torch.set_default_dtype(torch.float64)`, then float32 again a moment later)
+PROCESS_SETTINGS: tuple[tuple[Any, str], ...] = ((torch, "set_default_dtype"), (torch, "use_deterministic_algorithms"))
+
+
 def _targets() -> list[tuple[Any, str]]:
-    targets: list[tuple[Any, str]] = [(torch, "set_rng_state"), (torch.random, "set_rng_state"), (random, "setstate")]
+    targets: list[tuple[Any, str]] = [(torch, "set_rng_state"), (torch.random, "set_rng_state"), (random, "setstate"),
+                                      *PROCESS_SETTINGS]
     cuda_random = getattr(torch.cuda, "random", None)
     targets.append((torch.cuda, "set_rng_state"))
     if cuda_random is not None and hasattr(cuda_random, "set_rng_state"):

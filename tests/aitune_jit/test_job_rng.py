@@ -95,3 +95,25 @@ def test_a_program_drawing_while_a_job_compiles_draws_what_it_draws_without_aitu
     assert tuned["torch_repeats"] == plain["torch_repeats"] == 0
     assert tuned["python_repeats"] == plain["python_repeats"] == 0
     assert tuned["torch_sum"] == plain["torch_sum"] and tuned["python_sum"] == plain["python_sum"]
+
+
+def test_a_job_thread_does_not_put_back_the_default_dtype_or_deterministic_flag(patched):
+    # dynamo restores both when a compile ends: a program that switched them meanwhile had the switch undone
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.set_default_dtype(torch.float64)  # the program's change, made while the job compiled
+    try:
+        def dynamo_restore() -> None:
+            with job_rng.on_job_thread():
+                torch.set_default_dtype(torch.float32)
+                torch.use_deterministic_algorithms(not was_deterministic)
+
+        thread = threading.Thread(target=dynamo_restore)
+        thread.start()
+        thread.join()
+        assert torch.get_default_dtype() is torch.float64
+        assert torch.are_deterministic_algorithms_enabled() is was_deterministic
+        torch.set_default_dtype(torch.float32)  # elsewhere it is torch's own
+        assert torch.get_default_dtype() is torch.float32
+    finally:
+        torch.set_default_dtype(torch.float32)
+        torch.use_deterministic_algorithms(was_deterministic)
