@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from aitune_core.backends.isolated_entry import isolated_entry
+from aitune_core.errors import brief
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _SRC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,6 +88,7 @@ def find_graph_breaks(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Grap
             compiled(*args, **kwargs)
         output = explainer.output()
     except Exception as exc:
-        return GraphBreakReport(0, [], time.perf_counter() - start, error=f"{type(exc).__name__}: {exc}")
+        # (dynamo's explanation and the user's stack run to a page: the summary line got all of it)
+        return GraphBreakReport(0, [], time.perf_counter() - start, error=brief(exc))
     reasons = [describe_reason(reason) for reason in output.break_reasons]
     return GraphBreakReport(output.graph_count, reasons, time.perf_counter() - start)
