@@ -62,6 +62,7 @@ def record_tuned(node: TreeNode, backends: list[str], speedup: float | None) -> 
     alive)."""
     with _lock:
         _records[_key(node)] = TunedRecord(node.path, node.short, node.level, backends, speedup)
+    register_atexit()  # (a forked child that tunes for itself reports at its exit: `_after_fork_in_child`)
 
 
 def forget(node: TreeNode) -> None:
@@ -148,6 +149,21 @@ def register_atexit() -> None:
         if not _registered:
             _registered = True
             atexit.register(log_summary)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a prefork server's worker, a DataLoader worker) printed the parent's summary again at its
+    exit, one copy per child: it reports only what it tunes itself."""
+    global _registered, _lock
+    _lock = threading.Lock()  # (another thread may have held it at the fork)
+    if _registered:
+        atexit.unregister(log_summary)
+        _registered = False
+    _records.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def reset() -> None:

@@ -42,3 +42,27 @@ def test_distinct_lines_are_capped(monkeypatch) -> None:
     lines = summary.summary_lines()
     assert sum(line.lstrip().startswith("🎯") for line in lines) == 2
     assert any("and 2 more tuned module(s)" in line for line in lines)
+
+
+def test_a_forked_child_does_not_print_the_parents_summary_again(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "prefork.py"
+    script.write_text(
+        "import os, sys, torch\n"
+        "import aitune.torch.jit.enable\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()\n"
+        "with torch.no_grad():\n"
+        "    model(torch.randn(2, 8))\n"
+        "for _ in range(2):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        with torch.no_grad():\n"
+        "            model(torch.randn(2, 8))\n"
+        "        sys.exit(0)\n"
+        "    os.waitpid(pid, 0)\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                            env={**__import__("os").environ, "AITUNE_JIT_CACHE_DIR": str(tmp_path / "c")})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stderr.count("JIT tuning summary") == 1, result.stderr
