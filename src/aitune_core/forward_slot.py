@@ -135,6 +135,7 @@ class ForwardSlot:
         self.label = label or cls.__name__
         self.on_change = on_change
         self.changed: str | None = None
+        self.routine_change = False  # the change is a library's routine class swap (`_what_changed`)
         self._change_taken = False
         self.wrapper = SlotForward(self)
 
@@ -194,7 +195,10 @@ class ForwardSlot:
         old_cls = self.code[0] if self.code is not None else type(module)
         now = type(module)
         if now is not old_cls:
-            return f"its class changed from {old_cls.__qualname__} to {now.__qualname__}"
+            # a library's own swap (torch.nn.utils.parametrize makes `ParametrizedLinear`): a subclass, same forward
+            self.routine_change = issubclass(now, old_cls) and now.forward is self.code[1] if self.code else False
+            how = " (a subclass with the same forward)" if self.routine_change else ""
+            return f"its class changed from {old_cls.__qualname__} to {now.__qualname__}{how}"
         return f"{now.__qualname__}.forward was replaced"
 
     def state_without(self, state: dict[str, Any]) -> dict[str, Any]:

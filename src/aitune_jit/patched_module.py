@@ -301,10 +301,12 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         with excluding_compiles(wait_s=0) as alone:
             if not alone:
                 return False
-            if self.state in (NodeState.RECORDING, NodeState.TUNED) and self._slot is not None:
-                self._entries = []
+            slot = self._slot
+            if self.state in (NodeState.RECORDING, NodeState.TUNED) and slot is not None:
+                self._entries = []  # (a library's routine swap, `parametrize`, is no news to the user: INFO)
                 self._go_eager(f"its forward changed while aitune watched it ({what}); the new forward runs eagerly "
-                               "from now on", reopen=False, level=logging.WARNING)
+                               "from now on", reopen=False,
+                               level=logging.INFO if slot.routine_change else logging.WARNING)
             return True
 
     def _uninstall_forward(self) -> None:

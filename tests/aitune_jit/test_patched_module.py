@@ -139,3 +139,24 @@ def test_a_submodule_wrapped_by_aitune_torch_module_is_left_to_it() -> None:
     run(other, [1, 2])  # the JIT records its blocks now: wrapping one is refused with the reason
     with pytest.raises(ValueError, match="aitune's JIT tuning"):
         Module(other.blocks[0], "late")
+
+
+def test_a_librarys_routine_class_swap_sends_the_node_eager_without_a_warning(caplog) -> None:
+    # torch.nn.utils.parametrize swaps a module's class for a subclass with the same forward: correct to stop
+    # routing (the structure changed), but no news to the user
+    from jit_helpers import MLP
+
+    class Tunable(MLP):
+        pass
+
+    class ParametrizedTunable(Tunable):  # what parametrize makes: a subclass, forward untouched
+        pass
+
+    model, node = _tuned_model(Tunable)
+    model.__class__ = ParametrizedTunable
+    x = torch.randn(2, 32)
+    with torch.no_grad(), caplog.at_level("INFO", logger="aitune"):
+        torch.testing.assert_close(model(x), MLP.forward(model, x))
+    changed = [r for r in caplog.records if "forward changed" in r.getMessage()]
+    assert node.state is NodeState.EAGER and len(changed) == 1 and changed[0].levelname == "INFO"
+    assert "a subclass with the same forward" in changed[0].getMessage()
