@@ -15,6 +15,7 @@ probe and every losing candidate:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -28,6 +29,7 @@ from aitune_jit.config import jit_config
 from aitune_jit.node_registry import registry
 from aitune_jit.outcome import TuningOutcome
 from aitune_jit.worker import abandoned
+from aitune_jit.worker_yield import running_freely
 
 if TYPE_CHECKING:
     import torch
@@ -257,7 +259,8 @@ def reuse(
             continue
         start = time.perf_counter()
         try:
-            backend, built_s = rebuild(decision, proxy, spec, samples[spec.name], device, cache_dir)
+            with running_freely() if origin != "this process" else contextlib.nullcontext():
+                backend, built_s = rebuild(decision, proxy, spec, samples[spec.name], device, cache_dir)
         except RefusedDecision as exc:
             registry.log(f"{node.short} graph {spec.name}: refused the decision of {where}: {exc}; tuning it "
                          "normally", logging.WARNING)

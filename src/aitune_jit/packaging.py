@@ -52,6 +52,7 @@ from aitune_jit.node_registry import registry
 from aitune_jit.outcome import OutcomeDraft, TuningOutcome, Verdict, release_backend
 from aitune_jit.worker import abandoned
 from aitune_jit.worker_env import env_choice
+from aitune_jit.worker_yield import running_freely
 
 if TYPE_CHECKING:
     import torch
@@ -157,7 +158,8 @@ def warm_starts(
         decision, origin = found
         start = time.perf_counter()
         try:
-            backend = _load(decision, proxy, spec, samples[spec.name], device)
+            with running_freely():  # (a load: short, like a warm rebuild)
+                backend = _load(decision, proxy, spec, samples[spec.name], device)
         except Exception as exc:
             _warn_once(f"{key}:{package_path(decision)}",
                        f"ignoring the {label(decision)} of {decision.source} from {origin} for {node.short} graph "

@@ -69,6 +69,7 @@ _inflight = 0  # requests being served now, all threads
 _waiting = 0  # job threads waiting for the requests to end
 _gates: dict[int, _StepAside] = {}  # job thread -> its gate, while it runs under the monitoring callback
 _jobs = 0  # job threads inside `steps_aside` (either gate)
+_here = threading.local()  # .gate: the current thread's gate while it is installed (`_gated`)
 _cancelling = 0  # gates asked to raise in their threads (`_StepAside.cancel`): while any is, every gate call checks
 
 
@@ -128,6 +129,58 @@ class _StepAside:
         self.active = False  # installed (between `_gated`'s start and end)
         self.cancel_with: type[BaseException] | None = None
         self.cancel_raised = False  # a cancel was raised here: the thread is unwinding
+        self.ident = 0  # the gated thread
+        self.off_s = 0.0  # seconds spent with the gate off (`off`)
+
+    def install(self, ident: int) -> bool:
+        """Put the gate on the current thread (`ident`): the monitoring callback where `gate_choice` asks for it and
+        a tool id is free, else the trace or profile function. False when the thread is already traced or profiled
+        (a debugger, coverage): that job does not step aside."""
+        self.ident = ident
+        if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
+            self.mechanism = "monitoring"
+            _gates[ident] = self
+            self.active = True
+            return True
+        self.mechanism = "profile" if gate_choice() == "profile" else "trace"
+        get, put = self._functions()
+        if get() is not None:
+            return False
+        put(self)
+        self.active = True
+        return True
+
+    def uninstall(self) -> None:
+        """Take the gate off its thread (called on that thread), then drop a cancel not raised yet."""
+        if self.mechanism == "monitoring":
+            _gates.pop(self.ident, None)  # (the callback finds no gate for this thread from here on)
+            try:
+                _deactivate(self)
+            finally:
+                py_start_gate.release()
+            return
+        self._functions()[1](None)
+        _deactivate(self)
+
+    @contextlib.contextmanager
+    def off(self) -> Iterator[None]:
+        """No stepping aside inside the block (called on the gated thread; `worker.running_freely` says when);
+        the gate goes back on after it unless the program is ending. A cancel sent meanwhile finds the gate
+        inactive, and its sender falls back on its own means."""
+        if not self.active:
+            yield
+            return
+        begin = time.monotonic()
+        self.uninstall()
+        try:
+            yield
+        finally:
+            self.off_s += time.monotonic() - begin
+            if not _stood_down:
+                self.install(self.ident)
+
+    def _functions(self) -> tuple[Callable[[], Any], Callable[[Any], None]]:
+        return (sys.getprofile, sys.setprofile) if self.mechanism == "profile" else (sys.gettrace, sys.settrace)
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
         if _inflight or _cancelling:
@@ -266,36 +319,42 @@ def _counted_job() -> Iterator[None]:
 def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
     """The gate installed for the block. On the way out it is taken off before its state is reset
     (`_deactivate` takes `_lock`; a gate still installed would be called inside it and wait for that lock)."""
-    if _stood_down:  # (the program is ending: no new monitoring callback, no gate)
+    if _stood_down or not gate.install(ident):  # (the program is ending, or a tool traces this thread)
         yield None
         return
-    if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
-        gate.mechanism = "monitoring"
-        _gates[ident] = gate
-        gate.active = True
-        try:
-            yield gate
-        finally:
-            _gates.pop(ident, None)  # (the callback finds no gate for this thread from here on)
-            try:
-                _deactivate(gate)
-            finally:
-                py_start_gate.release()
-                _log(gate)
-        return
-    gate.mechanism = "profile" if gate_choice() == "profile" else "trace"
-    get, put = (sys.getprofile, sys.setprofile) if gate.mechanism == "profile" else (sys.gettrace, sys.settrace)
-    if get() is not None:  # someone profiles or traces this thread (a debugger, coverage): leave it alone
-        yield None
-        return
-    put(gate)
-    gate.active = True
+    _here.gate = gate
     try:
         yield gate
     finally:
-        put(None)
-        _deactivate(gate)
-        _log(gate)
+        _here.gate = None
+        try:
+            gate.uninstall()
+        finally:
+            _log(gate)
+
+
+@contextlib.contextmanager
+def running_freely() -> Iterator[None]:
+    """The current job does not step aside inside the block, unless `AITUNE_WORKER_YIELD_WARM=on`: for the
+    rebuild of a decision another process took (`decisions.reuse`), from warm caches in the common case.
+
+    Why: such a job is short (seconds), and the gate makes it longer. Before Python 3.12 the trace function puts
+    the job's thread in the interpreter's slow mode. On this project's 2-core CPU (Python 3.11), the warm process of
+    `tests/aitune_jit/scripts/serve_loop.py` was tuned 4.3-5.2 s after its first request with the gate, against
+    2.6-3.1 s without it. Its slowest request took 23-42 ms with the gate and 52-68 ms without it (eager about 10
+    ms). Requests served eagerly while the job runs are themselves slower than tuned ones. A cold job (tens of
+    seconds of compiles and measurements) keeps its gate."""
+    gate = getattr(_here, "gate", None)
+    if gate is None or warm_rebuilds_step_aside():
+        yield
+        return
+    with gate.off():
+        yield
+
+
+def warm_rebuilds_step_aside() -> bool:
+    """`AITUNE_WORKER_YIELD_WARM`: off (default; `running_freely`) or on."""
+    return env_choice("AITUNE_WORKER_YIELD_WARM", ("on", "off"), "off") == "on"
 
 
 def stand_down_monitoring() -> None:
@@ -322,6 +381,6 @@ def _deactivate(gate: _StepAside) -> None:
 
 
 def _log(gate: _StepAside) -> None:
-    if gate.waits:
-        _logger.debug("tuning job stepped aside %d times for requests, %.2fs in all (%s gate)", gate.waits,
-                      gate.waited_s, gate.mechanism)
+    if gate.waits or gate.off_s:
+        _logger.debug("tuning job stepped aside %d times for requests, %.2fs in all (%s gate; off for %.2fs)",
+                      gate.waits, gate.waited_s, gate.mechanism, gate.off_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -47,7 +48,30 @@ def test_identical_siblings_are_tuned_once_and_reuse_the_decision():
     assert CountingBackend.builds == 4 + 1
 
 
-def test_a_later_run_reuses_the_stored_decision(tmp_path):
+def _count_free_rebuilds(monkeypatch) -> list[int]:
+    """Counts the rebuilds that `decisions.reuse` runs with the job's gate off (`worker_yield.running_freely`)."""
+    entered = []
+
+    @contextlib.contextmanager
+    def counting():
+        entered.append(1)
+        yield
+
+    monkeypatch.setattr(decisions, "running_freely", counting)
+    return entered
+
+
+def test_a_sibling_rebuild_keeps_stepping_aside(monkeypatch):
+    entered = _count_free_rebuilds(monkeypatch)
+    _siblings_only()
+    enable()
+    run(make_mlp(blocks=3), [2, 3, 4])
+    assert sum("reused the decision of MLP.blocks.0:" in h for h in PatchedModule.history) == 2
+    assert entered == []  # (its compile may be a new one: the kernels of this process's decision may not fit it)
+
+
+def test_a_later_run_reuses_the_stored_decision(tmp_path, monkeypatch):
+    entered = _count_free_rebuilds(monkeypatch)
     _siblings_only()
     enable()
     run(make_mlp(blocks=2), [2, 3, 4])
@@ -62,6 +86,8 @@ def test_a_later_run_reuses_the_stored_decision(tmp_path):
     assert _tunings("Block") == []
     assert all(PatchedModule.of(b).state is NodeState.TUNED for b in model.blocks)
     assert any("reused the decision of MLP.blocks.0 from the cache" in h for h in PatchedModule.history)
+    assert len(entered) == 2  # the first block and the head: read from the store (the second block reuses the
+    # first one's, now in memory)
 
 
 def _store_edited_block_decision(**changes: object) -> None:
