@@ -109,6 +109,8 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
                                                          rows["compile-warm"].get("launch_to_tuned_s")),
         "warm_over_warm_noprefetch_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
                                                           rows["jit-warm-noprefetch"].get("time_to_tuned_s")),
+        "warm_over_warm_gated_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
+                                                     rows["jit-warm-gated"].get("time_to_tuned_s")),
         "warm_over_warm_rebuild_time_to_tuned": _ratio(rows["jit-warm"].get("time_to_tuned_s"),
                                                        rows["jit-warm-rebuild"].get("time_to_tuned_s")),
         "steady_background_over_blocking": _ratio(cold.get("after_p50_ms"), rows["jit-blocking"].get("after_p50_ms")),

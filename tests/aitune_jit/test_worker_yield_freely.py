@@ -1,0 +1,95 @@
+"""aitune_jit/worker_yield.py, `running_freely`: a job rebuilding a decision from the cache folder does not step
+aside inside the block, gets its gate back after it, and keeps it when `AITUNE_WORKER_YIELD_WARM=on`. Runs under
+a Python without torch too, like test_worker_yield.py."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+from test_worker_yield import _finish, _Job, _start, _tick, mechanism  # noqa: F401 (mechanism: a fixture)
+
+from aitune_jit import py_start_gate
+from aitune_jit import worker_yield as wy
+
+
+class _FreeJob(_Job):
+    """A job that enters `running_freely()` on request and says what its gate looked like inside and after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go_free = threading.Event()
+        self.inside = threading.Event()
+        self.leave = threading.Event()
+        self.seen: dict[str, object] = {}
+
+    def run(self) -> None:
+        with wy.steps_aside() as gate:
+            self.gate = gate
+            self.started_gate.set()
+            assert self.go_free.wait(5)
+            with wy.running_freely():
+                self.seen["inside"] = (gate.active, sys.gettrace(), sys.getprofile(), py_start_gate.installed())
+                self.inside.set()
+                while not self.leave.is_set():
+                    _tick()
+                    self.count += 1
+            self.seen["after"] = (gate.active, sys.gettrace(), sys.getprofile(), py_start_gate.installed())
+            while not self.stop:
+                _tick()
+                self.count += 1
+
+
+@pytest.mark.usefixtures("mechanism")  # (each gate this Python has)
+def test_a_job_running_freely_does_not_step_aside_and_gets_its_gate_back_after(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    monkeypatch.delenv("AITUNE_WORKER_YIELD_WARM", raising=False)
+    thread = _start(_FreeJob())
+    try:
+        thread.go_free.set()
+        assert thread.inside.wait(5)
+        assert thread.seen["inside"] == (False, None, None, False)  # no gate of any kind on the thread
+        assert not thread.gate.cancel(RuntimeError)  # (its sender falls back on its own means)
+        wy.request_started()
+        counted = thread.count
+        time.sleep(0.1)
+        assert thread.count > counted + 100  # it ran on through the request
+        thread.leave.set()
+        time.sleep(0.1)
+        paused_at = thread.count
+        time.sleep(0.2)
+        assert thread.count - paused_at <= 2  # its gate is back: it waits for the request again
+        wy.request_finished()
+        deadline = time.monotonic() + 5
+        while "after" not in thread.seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        active, trace, profile, monitoring = thread.seen["after"]
+        assert active and (thread.gate in (trace, profile) or monitoring)
+        assert thread.gate.off_s >= 0.1
+    finally:
+        _finish(thread)
+
+
+def test_warm_rebuilds_step_aside_when_asked(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_WARM", "on")
+    thread = _start(_FreeJob())
+    try:
+        thread.go_free.set()
+        assert thread.inside.wait(5)
+        assert thread.seen["inside"][0] is True
+        wy.request_started()
+        time.sleep(0.05)
+        paused_at = thread.count
+        time.sleep(0.2)
+        assert thread.count - paused_at <= 2
+    finally:
+        thread.leave.set()
+        _finish(thread)
+
+
+def test_running_freely_outside_a_job_is_a_no_op():
+    with wy.running_freely():
+        assert sys.gettrace() is None
