@@ -20,8 +20,8 @@ For each workload, fresh processes serve a fixed request stream (one request eve
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
 - `jit-warm-noprefetch`: as `jit-warm` with `AITUNE_WORKER_PREFETCH=off` (torch's compiler is not imported in
   the background while the script builds its model: `aitune_jit/compiler_prefetch.py`);
-- `jit-warm-gated`: as `jit-warm` with `AITUNE_WORKER_YIELD_WARM=on` (the warm rebuild steps aside for requests,
-  as it did before `worker_yield.running_freely`);
+- `jit-warm-gated` / `jit-warm-free`: as `jit-warm` with `AITUNE_WORKER_YIELD_WARM=on` / `off` (the warm rebuild
+  steps aside for requests / does not: `worker_yield.running_freely`; by default it does on a GPU, not on the CPU);
 - `jit-warm-rebuild`: as `jit-warm` with `AITUNE_WORKER_PACKAGE=off`: the decided backend is rebuilt, no
   package is loaded (with `--packages on`, the warm start from a package against the rebuild it replaces);
 - `jit-blocking`: `AITUNE_JIT_BLOCKING=1`, for the steady state of the old behaviour;
@@ -80,9 +80,9 @@ WORKLOADS = {
 #: contenders that run `jit-cold` with another collector policy of the worker (`AITUNE_WORKER_GC`)
 GC_CONTENDERS = {"jit-cold-gcrefreeze": "refreeze", "jit-cold-gcpause": "pause"}
 CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-cold-profile", *GC_CONTENDERS,
-              "jit-warm",
-              "jit-warm-noprefetch", "jit-warm-gated", "jit-warm-rebuild", "jit-blocking", "compile-cold", "compile-warm",
-              "compile-dynamic")
+              "jit-warm", "jit-warm-noprefetch", "jit-warm-gated", "jit-warm-free",
+              "jit-warm-rebuild", "jit-blocking", "compile-cold",
+              "compile-warm", "compile-dynamic")
 CHECK_SEEDS = (1000, 1001)
 #: frames kept per sampled stack (innermost last)
 STACK_DEPTH = 8
@@ -263,8 +263,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
         env["AITUNE_WORKER_PACKAGE"] = "off" if contender == "jit-warm-rebuild" else args.packages
         if contender == "jit-warm-noprefetch":
             env["AITUNE_WORKER_PREFETCH"] = "off"
-        if contender == "jit-warm-gated":
-            env["AITUNE_WORKER_YIELD_WARM"] = "on"
+        if contender in ("jit-warm-gated", "jit-warm-free"):
+            env["AITUNE_WORKER_YIELD_WARM"] = "on" if contender == "jit-warm-gated" else "off"
         if contender == "jit-blocking":
             env.update(AITUNE_JIT_CACHE_DIR=str(scratch / f"{model}-{schedule}-blocking"), AITUNE_JIT_BLOCKING="1")
         if contender == "jit-cold-nostep":

@@ -259,7 +259,7 @@ def reuse(
             continue
         start = time.perf_counter()
         try:
-            with running_freely() if origin != "this process" else contextlib.nullcontext():
+            with running_freely(device.type) if origin != "this process" else contextlib.nullcontext():
                 backend, built_s = rebuild(decision, proxy, spec, samples[spec.name], device, cache_dir)
         except RefusedDecision as exc:
             registry.log(f"{node.short} graph {spec.name}: refused the decision of {where}: {exc}; tuning it "

@@ -158,7 +158,7 @@ def warm_starts(
         decision, origin = found
         start = time.perf_counter()
         try:
-            with running_freely():  # (a load: short, like a warm rebuild)
+            with running_freely(device.type):  # (a load: short, like a warm rebuild)
                 backend = _load(decision, proxy, spec, samples[spec.name], device)
         except Exception as exc:
             _warn_once(f"{key}:{package_path(decision)}",

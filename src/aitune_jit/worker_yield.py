@@ -334,27 +334,31 @@ def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
 
 
 @contextlib.contextmanager
-def running_freely() -> Iterator[None]:
-    """The current job does not step aside inside the block, unless `AITUNE_WORKER_YIELD_WARM=on`: for the
-    rebuild of a decision another process took (`decisions.reuse`), from warm caches in the common case.
+def running_freely(device_type: str) -> Iterator[None]:
+    """The current job does not step aside inside the block when `warm_rebuilds_step_aside(device_type)` says so:
+    for the rebuild of a decision another process took, or the load of its package, from warm caches in the
+    common case (`decisions.reuse`, `packaging.warm_starts`).
 
-    Why: such a job is short (seconds), and the gate makes it longer. Before Python 3.12 the trace function puts
-    the job's thread in the interpreter's slow mode. On this project's 2-core CPU (Python 3.11), the warm process of
-    `tests/aitune_jit/scripts/serve_loop.py` was tuned 4.3-5.2 s after its first request with the gate, against
-    2.6-3.1 s without it. Its slowest request took 23-42 ms with the gate and 52-68 ms without it (eager about 10
-    ms). Requests served eagerly while the job runs are themselves slower than tuned ones. A cold job (tens of
-    seconds of compiles and measurements) keeps its gate."""
+    Why on the CPU only, by default: such a job is short, and the gate makes it longer. On this project's 2-core
+    CPU (Python 3.11, where the gate is a trace function that puts the job's thread in the interpreter's slow
+    mode) the warm process of `tests/aitune_jit/scripts/serve_loop.py` was tuned 4.3-5.2 s after its first request
+    with the gate and 2.7-3.0 s without it, its slowest request 23-42 ms against 23-47 ms (eager about 10 ms).
+    On an H100 (Python 3.12, the monitoring gate; `background_tuning-h100-resnet50-bert-mixed-warmfree-65924aa`)
+    the warm BERT-base rebuild took 10.6 s without the gate against 17.7 s with it, but the p99 of the requests
+    served meanwhile was 211 ms against 70 ms (eager 21 ms), and ResNet-50's 170 ms (eager 9 ms): GPU requests
+    launch their kernels under the GIL, and the rebuild's own CUDA work shares the device."""
     gate = getattr(_here, "gate", None)
-    if gate is None or warm_rebuilds_step_aside():
+    if gate is None or warm_rebuilds_step_aside(device_type):
         yield
         return
     with gate.off():
         yield
 
 
-def warm_rebuilds_step_aside() -> bool:
-    """`AITUNE_WORKER_YIELD_WARM`: off (default; `running_freely`) or on."""
-    return env_choice("AITUNE_WORKER_YIELD_WARM", ("on", "off"), "off") == "on"
+def warm_rebuilds_step_aside(device_type: str) -> bool:
+    """`AITUNE_WORKER_YIELD_WARM`: auto (default: not on the CPU, `running_freely`), on (always) or off (never)."""
+    choice = env_choice("AITUNE_WORKER_YIELD_WARM", ("auto", "on", "off"), "auto")
+    return choice == "on" or (choice == "auto" and device_type != "cpu")
 
 
 def stand_down_monitoring() -> None:

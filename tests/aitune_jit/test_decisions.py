@@ -53,8 +53,8 @@ def _count_free_rebuilds(monkeypatch) -> list[int]:
     entered = []
 
     @contextlib.contextmanager
-    def counting():
-        entered.append(1)
+    def counting(device_type):
+        entered.append(device_type)
         yield
 
     monkeypatch.setattr(decisions, "running_freely", counting)
@@ -86,7 +86,7 @@ def test_a_later_run_reuses_the_stored_decision(tmp_path, monkeypatch):
     assert _tunings("Block") == []
     assert all(PatchedModule.of(b).state is NodeState.TUNED for b in model.blocks)
     assert any("reused the decision of MLP.blocks.0 from the cache" in h for h in PatchedModule.history)
-    assert len(entered) == 2  # the first block and the head: read from the store (the second block reuses the
+    assert entered == ["cpu", "cpu"]  # the first block and the head: read from the store (the second block reuses the
     # first one's, now in memory)
 
 

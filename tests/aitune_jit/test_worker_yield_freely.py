@@ -18,8 +18,9 @@ from aitune_jit import worker_yield as wy
 class _FreeJob(_Job):
     """A job that enters `running_freely()` on request and says what its gate looked like inside and after."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
+        self.device_type = device_type
         self.go_free = threading.Event()
         self.inside = threading.Event()
         self.leave = threading.Event()
@@ -30,7 +31,7 @@ class _FreeJob(_Job):
             self.gate = gate
             self.started_gate.set()
             assert self.go_free.wait(5)
-            with wy.running_freely():
+            with wy.running_freely(self.device_type):
                 self.seen["inside"] = (gate.active, sys.gettrace(), sys.getprofile(), py_start_gate.installed())
                 self.inside.set()
                 while not self.leave.is_set():
@@ -72,10 +73,14 @@ def test_a_job_running_freely_does_not_step_aside_and_gets_its_gate_back_after(m
         _finish(thread)
 
 
-def test_warm_rebuilds_step_aside_when_asked(monkeypatch):
+@pytest.mark.parametrize("choice, device_type", [("on", "cpu"), ("auto", "cuda"), (None, "cuda")])
+def test_warm_rebuilds_step_aside_on_a_gpu_or_when_asked(monkeypatch, choice, device_type):
     monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
-    monkeypatch.setenv("AITUNE_WORKER_YIELD_WARM", "on")
-    thread = _start(_FreeJob())
+    if choice is None:
+        monkeypatch.delenv("AITUNE_WORKER_YIELD_WARM", raising=False)
+    else:
+        monkeypatch.setenv("AITUNE_WORKER_YIELD_WARM", choice)
+    thread = _start(_FreeJob(device_type))
     try:
         thread.go_free.set()
         assert thread.inside.wait(5)
@@ -91,5 +96,5 @@ def test_warm_rebuilds_step_aside_when_asked(monkeypatch):
 
 
 def test_running_freely_outside_a_job_is_a_no_op():
-    with wy.running_freely():
+    with wy.running_freely("cpu"):
         assert sys.gettrace() is None
