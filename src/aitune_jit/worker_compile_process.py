@@ -137,9 +137,19 @@ def _leave() -> None:
 
 def _after_fork_in_child() -> None:
     """The parent's compile process is not the child's to use (its pipes are the parent's): the child starts
-    with the mode the parent had before any job and starts a compile process of its own when it needs one."""
+    with the mode the parent had before any job and starts a compile process of its own when it needs one.
+
+    Inductor's compile threads (`AsyncCompile.pool`, made by the parent's first compile) are not the child's
+    either: torch's own after-fork hook resets its process pool but not that thread pool, whose threads do not
+    exist in the child, so the child's first compile waited for them forever. A DataLoader worker whose dataset
+    calls a model hung that way under `AITUNE_JIT_BLOCKING=1` once the parent had tuned a model. The child makes
+    a pool of its own."""
     global _active, _saved_mode, _lock
     _lock = threading.Lock()
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is not None:
+        with contextlib.suppress(Exception):
+            async_compile.AsyncCompile.pool.cache_clear()
     compile_fx = _torch_compile_fx() if "torch._inductor.compile_fx_subproc" in sys.modules else None
     if compile_fx is not None:
         if _saved_mode is not None:

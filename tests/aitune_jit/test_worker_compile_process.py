@@ -5,6 +5,7 @@ program's own mode, a dead compile process and a fork are respected."""
 from __future__ import annotations
 
 import logging
+import os
 import types
 
 import pytest
@@ -86,6 +87,38 @@ def test_a_forked_child_starts_with_the_normal_mode_and_without_the_parents_proc
     wcp._after_fork_in_child()  # what os.register_at_fork runs in the child (where no job thread exists)
     assert compile_fx.fx_compile_mode == MODES.NORMAL and wcp._active == 0
     assert _SubprocessFxCompile.process_pool.cache_info().currsize == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_gets_compile_threads_of_its_own():
+    """The parent's compile threads (made by its first compile) do not exist in a forked child; work sent to
+    their pool waited forever there (a DataLoader worker compiling under AITUNE_JIT_BLOCKING=1)."""
+    from torch._inductor import async_compile
+
+    async_compile.AsyncCompile.pool.cache_clear()
+    try:
+        with torch._inductor.config.patch(compile_threads=2):
+            answer = _child_answer(async_compile)
+    finally:
+        async_compile.AsyncCompile.pool.cache_clear()  # (a pool of 2 threads is not what the rest of the suite uses)
+    assert answer == b"2"
+
+
+def _child_answer(async_compile: types.ModuleType) -> bytes:
+    assert async_compile.AsyncCompile.pool().submit(int, "1").result(timeout=10) == 1  # the parent's threads run
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: os.register_at_fork ran wcp._after_fork_in_child
+        try:
+            answer = async_compile.AsyncCompile.pool().submit(int, "2").result(timeout=5)
+            os.write(write, str(answer).encode())
+        except BaseException as exc:  # (any failure is the answer)
+            os.write(write, type(exc).__name__.encode())
+        os._exit(0)
+    os.close(write)
+    answer = os.read(read, 64)
+    os.waitpid(pid, 0)
+    return answer
 
 
 def test_a_real_compile_runs_in_the_compile_process_and_gives_the_eager_answer(monkeypatch, tmp_path):
