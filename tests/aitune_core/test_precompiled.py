@@ -19,15 +19,17 @@ CPU = torch.device("cpu")
 
 
 class Scored(torch.nn.Module):
-    """A keyword argument, a Python constant and a dict output: the call's own form must survive."""
+    """A keyword argument, a Python constant and a dict output: the call's own form must survive. Its activation
+    is a builtin held by an attribute, which dynamo guards by identity (a guard the file cannot keep)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = torch.nn.Linear(16, 32)
         self.fc2 = torch.nn.Linear(32, 8)
+        self.act = torch.relu
 
     def forward(self, x: torch.Tensor, *, mask: torch.Tensor, scale: float = 1.0) -> dict[str, torch.Tensor]:
-        hidden = torch.relu(self.fc1(x)) * mask.unsqueeze(-1)
+        hidden = self.act(self.fc1(x)) * mask.unsqueeze(-1)
         return {"logits": self.fc2(hidden) * scale, "hidden": hidden}
 
 
@@ -101,6 +103,22 @@ def test_a_changed_structure_is_refused_by_refit_and_a_replaced_weight_is_read(m
     module.fc1 = torch.nn.Linear(16, 32, bias=False)
     with pytest.raises(BackendBuildError, match="structure changed"):
         backend.refit()
+
+
+@pytest.mark.slow
+def test_a_function_attribute_set_after_it_was_built_is_seen(made):
+    module = _fresh()
+    backend = _backend(made, module)
+    _check(backend, module)
+    module.act = torch.sigmoid  # (the loaded function still holds relu: its identity guard was not saved)
+    _check(backend, module)
+    assert backend.changed_calls == 1 and backend.rejected_calls == 0
+    with pytest.raises(BackendBuildError, match="a function the module holds changed"):
+        backend.refit()
+    module.act = torch.relu  # back: the function applies again
+    backend.refit()
+    _check(backend, module)
+    assert backend.changed_calls == 1
 
 
 @pytest.mark.slow

@@ -19,6 +19,12 @@ Weights are read from the module at every call (they are graph inputs), so in-pl
 parameters are seen; a changed module structure is not (`bakes_weights`, `_refit`: the module watch sends calls
 to the original forward until the structure is the one precompiled).
 
+The guards torch cannot save are left out of the file (`aitune_core.precompiling.savable_guards`): those on the
+identity of functions, builtins and classes, such as `self.act is torch.tanh`. So each call also checks the
+functions and classes the module's own attributes hold (`function_attributes`): a program that set
+`model.act = torch.sigmoid` got tanh's answers from the function compiled with `torch.tanh` until this check.
+A call after such a change runs the original forward.
+
 The file holds Python bytecode and a pickle that torch's loader reads: loading it runs its code. `build` loads only
 a file whose SHA-256 matches the one its caller recorded when it was made, and the caller validates the loaded
 backend on its own samples before any call uses it. The folder it comes from must be trusted as much as torch's
@@ -98,6 +104,29 @@ class PrecompiledBackendConfig(BackendConfig):
             raise TypeError("PrecompiledBackendConfig: artifact and sha256 must be strings")
 
 
+#: attributes aitune itself sets on a module (its forward slot, its node) and changes as it tunes
+_OWN_ATTRIBUTES = frozenset({"forward"})
+_OWN_PREFIX = "_aitune"
+
+
+def function_attributes(module: torch.nn.Module) -> tuple[tuple[str, str, Any], ...]:
+    """(submodule path, attribute, value) of each function, builtin, method or class that `module` or one of its
+    submodules holds in its own `__dict__`: what dynamo guarded by identity and the file could not keep."""
+    found = []
+    for path, sub in module.named_modules():
+        for name, value in vars(sub).items():
+            if name in _OWN_ATTRIBUTES or name.startswith(_OWN_PREFIX):
+                continue
+            if callable(value) and not isinstance(value, (torch.nn.Module, torch.Tensor)):
+                found.append((path, name, value))
+    return tuple(found)
+
+
+def _bound(module: torch.nn.Module, expected: tuple[tuple[str, str, Any], ...]) -> tuple[tuple[dict, str, Any], ...]:
+    """Each expected attribute as (the submodule's `__dict__`, name, value), for a cheap check per call."""
+    return tuple((vars(module.get_submodule(path)), name, value) for path, name, value in expected)
+
+
 def guard_failure(function: Any, module: torch.nn.Module, args: tuple, kwargs: dict) -> str:
     """Why the precompiled function's guards reject this call (the first failing guard, shortened)."""
     try:
@@ -119,7 +148,10 @@ class PrecompiledBackend(Backend):
         self._functions: list[Any] = []
         self._module: torch.nn.Module | None = None
         self._structure: tuple[tuple[str, str, str], ...] = ()
+        self._expected: tuple[tuple[str, str, Any], ...] = ()  # `function_attributes` when it was built
+        self._watched: tuple[tuple[dict, str, Any], ...] = ()  # the same, bound to the served module
         self.rejected_calls = 0
+        self.changed_calls = 0
 
     @property
     def config(self) -> PrecompiledBackendConfig:
@@ -139,6 +171,8 @@ class PrecompiledBackend(Backend):
         self._module = module
         self._load()
         self._structure = structure_of(module)
+        self._expected = function_attributes(module)
+        self._watched = _bound(module, self._expected)
         device = self._device
         rejected = []
         for sample in data:  # functions whose guards hold for no recorded call would only call the original forward
@@ -186,7 +220,10 @@ class PrecompiledBackend(Backend):
         """Nothing to bind (weights are read at each call); refused when the module's structure changed."""
         if structure_of(module) != self._structure:
             raise BackendBuildError(f"{self.describe()}: the module's structure changed since it was precompiled")
+        if _changed(_bound(module, self._expected)) or len(function_attributes(module)) != len(self._expected):
+            raise BackendBuildError(f"{self.describe()}: a function the module holds changed since it was built")
         self._module = module
+        self._watched = _bound(module, self._expected)
 
     def _activate(self) -> None:
         if self._module is None:
@@ -199,6 +236,13 @@ class PrecompiledBackend(Backend):
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         module = self._module
         assert module is not None and self._functions
+        changed = _changed(self._watched)
+        if changed is not None:
+            self.changed_calls += 1
+            if self.changed_calls == 1:
+                _logger.debug("%s: %s changed since it was built; calls run the original forward", self.describe(),
+                              changed)
+            return module(*args, **kwargs)
         function = self._pick(module, args, kwargs)
         if function is not None:
             with torch.no_grad():  # dispatched calls build no autograd graph; the functions were compiled so
@@ -208,3 +252,14 @@ class PrecompiledBackend(Backend):
             _logger.debug("%s: a call its guards reject runs the original forward (%s)", self.describe(),
                           guard_failure(self._functions[0], module, args, kwargs))
         return module(*args, **kwargs)
+
+
+def _changed(watched: tuple[tuple[dict, str, Any], ...]) -> str | None:
+    """The first watched attribute that no longer holds its value (None when all do)."""
+    for namespace, name, value in watched:
+        if namespace.get(name, _MISSING) is not value:
+            return f"attribute {name!r}"
+    return None
+
+
+_MISSING = object()
