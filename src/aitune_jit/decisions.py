@@ -251,7 +251,7 @@ def reuse(
         decision, origin = found
         where = f"{decision.source} from {origin}" if origin != "this process" else decision.source
         if decision.kind == "eager":
-            reason = f"{decision.reason} (reused the decision of {where})"
+            reason = f"{_as_own(decision.reason, decision.source, node.path)} (reused the decision of {where})"
             if first and not draft.entries:  # (a node with a reused backend is tuned: its other graphs only fail)
                 return draft.eager(reason, reopen=bool(decision.reopen))
             draft.failed[spec.name] = reason
@@ -276,3 +276,10 @@ def reuse(
         draft.reports.append(TuneReport(backend=backend, strategy="reused decision"))
         graphs.remove(spec)
     return None
+
+
+def _as_own(reason: str | None, source: str, path: str) -> str:
+    """The reason a decision gives, naming the module that reuses it rather than the one that took it: a sibling's
+    summary line said "module `PW.l1` is one torch.nn layer" for `PW.l2` (the decision's source follows it)."""
+    text = reason or ""
+    return text.replace(f"`{source}`", f"`{path}`") if source and source != path else text

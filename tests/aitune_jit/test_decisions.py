@@ -172,7 +172,7 @@ def test_a_speed_verdict_is_shared_by_siblings_but_not_stored():
 
         def _tune(self, module, name, graph_spec, data, device, cache_dir):
             NeverFaster.calls += 1
-            raise NotFasterThanEagerError("no backend is at least 1.05x faster than eager (best 1.01x)")
+            raise NotFasterThanEagerError(f"no backend is at least 1.05x faster than eager for module `{name}`")
 
     _siblings_only()
     jit_config.strategy = NeverFaster([CountingBackend()])
@@ -184,6 +184,8 @@ def test_a_speed_verdict_is_shared_by_siblings_but_not_stored():
     assert NeverFaster.calls == 1
     assert sum("reused the decision of MLP.blocks.0)" in h for h in PatchedModule.history) == 2
     assert list(DecisionStore(jit_config.cache_dir).entries()) == []
+    sibling = PatchedModule.of(model.blocks[2])  # its reason names itself, the decision's source follows
+    assert "`MLP.blocks.2`" in sibling.reason and "`MLP.blocks.0`" not in sibling.reason, sibling.reason
 
 
 
