@@ -151,7 +151,10 @@ class _StepAside:
         return True
 
     def uninstall(self) -> None:
-        """Take the gate off its thread (called on that thread), then drop a cancel not raised yet."""
+        """Take the gate off its thread (called on that thread), then drop a cancel not raised yet. Nothing when it
+        is not on (`off` could not put it back: a tool that traces the thread came meanwhile, and keeps its own)."""
+        if not self.active:
+            return
         if self.mechanism == "monitoring":
             _gates.pop(self.ident, None)  # (the callback finds no gate for this thread from here on)
             try:
@@ -164,7 +167,7 @@ class _StepAside:
 
     @contextlib.contextmanager
     def off(self) -> Iterator[None]:
-        """No stepping aside inside the block (called on the gated thread; `worker.running_freely` says when);
+        """No stepping aside inside the block (called on the gated thread; `running_freely` says when);
         the gate goes back on after it unless the program is ending. A cancel sent meanwhile finds the gate
         inactive, and its sender falls back on its own means."""
         if not self.active:

@@ -98,3 +98,23 @@ def test_warm_rebuilds_step_aside_on_a_gpu_or_when_asked(monkeypatch, choice, de
 def test_running_freely_outside_a_job_is_a_no_op():
     with wy.running_freely("cpu"):
         assert sys.gettrace() is None
+
+
+def test_a_tracer_that_came_while_the_gate_was_off_is_left_alone(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_GATE", "trace")
+    monkeypatch.delenv("AITUNE_WORKER_YIELD_WARM", raising=False)
+
+    def tool(frame, event, arg):  # a debugger or coverage starting meanwhile
+        return None
+
+    with wy.steps_aside() as gate:
+        assert sys.gettrace() is gate
+        with wy.running_freely("cpu"):
+            assert sys.gettrace() is None
+            sys.settrace(tool)
+        assert sys.gettrace() is tool and not gate.active  # (the gate could not go back on)
+    try:
+        assert sys.gettrace() is tool  # the job's end did not take the tool's function off
+    finally:
+        sys.settrace(None)
