@@ -39,6 +39,7 @@ import torch
 from aitune_core.backends.aoti_package import file_sha256
 from aitune_core.backends.precompiled import FORMAT, precompiled_entry
 from aitune_core.errors import BackendBuildError
+from aitune_core.specs.autocast_state import autocast_as
 from aitune_core.specs.tree import flatten_values, unflatten
 
 if TYPE_CHECKING:
@@ -137,6 +138,19 @@ def _compile(module: torch.nn.Module, graph_spec: GraphSpec, sample: Sample,
         raise BackendBuildError(f"precompiling failed ({type(exc).__name__}: {first[:300]})") from exc
 
 
+def _compile_all(module: torch.nn.Module, graph_spec: GraphSpec, data: Sequence[Sample],
+                 device: torch.device) -> list[tuple[Any, dict[str, Any]]]:
+    functions = [_compile(module, graph_spec, _largest(data), device)]  # (function, the globals it ran in)
+    left = [s for s in data if not _accepts(functions[0][0], module, s, device)]
+    while left and len(functions) < MAX_FUNCTIONS:
+        try:
+            functions.append(_compile(module, graph_spec, _largest(left), device))
+        except BackendBuildError:
+            break  # those calls are answered by the original forward
+        left = [s for s in left if not _accepts(functions[-1][0], module, s, device)]
+    return functions
+
+
 def make_precompiled(module: torch.nn.Module, graph_spec: GraphSpec, data: Sequence[Sample], device: torch.device,
                      dest: Path) -> str:
     """Write the precompiled functions of `module`'s graph `graph_spec` to `dest`; returns the file's SHA-256 (hex).
@@ -147,14 +161,8 @@ def make_precompiled(module: torch.nn.Module, graph_spec: GraphSpec, data: Seque
     or dynamo or Inductor refuse the first function (a graph break included)."""
     if not data:
         raise BackendBuildError("no recorded call to precompile from")
-    functions = [_compile(module, graph_spec, _largest(data), device)]  # (function, the globals it ran in)
-    left = [s for s in data if not _accepts(functions[0][0], module, s, device)]
-    while left and len(functions) < MAX_FUNCTIONS:
-        try:
-            functions.append(_compile(module, graph_spec, _largest(left), device))
-        except BackendBuildError:
-            break  # those calls are answered by the original forward
-        left = [s for s in left if not _accepts(functions[-1][0], module, s, device)]
+    with autocast_as(graph_spec.autocast):  # compiled (and its guards checked) as the program calls the graph
+        functions = _compile_all(module, graph_spec, data, device)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     scratch = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp")

@@ -46,6 +46,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from aitune_core.decision_store import PACKAGES
+from aitune_core.specs.autocast_state import autocast_as
 from aitune_jit import decisions
 from aitune_jit.config import jit_config
 from aitune_jit.node_registry import registry
@@ -246,8 +247,10 @@ def _package(node: TuningNode, decision: Decision, spec: GraphSpec, samples: lis
         from aitune_core.aoti_packaging import compile_package
 
         timeout = jit_config.tuning_timeout_s  # the job's own limit: the compile gets most of it, the rest is export
-        digest = compile_package(node.tuning_view(), spec, samples, device, dest,
-                                 timeout_s=1800.0 if timeout is None else 0.8 * float(timeout), should_stop=abandoned)
+        with autocast_as(spec.autocast):  # exported as the program calls the graph (the load validates it)
+            digest = compile_package(node.tuning_view(), spec, samples, device, dest,
+                                     timeout_s=1800.0 if timeout is None else 0.8 * float(timeout),
+                                     should_stop=abandoned)
     made = dataclasses.replace(decision, package=dest.name, package_sha256=digest)
     try:
         release_backend(_load(made, node.tuning_view(), spec, samples, device))

@@ -421,3 +421,46 @@ def test_a_job_cancelled_before_its_thread_started_does_not_run(background):
     tuning._job_body(job)
     assert ran == [] and job.finished.is_set()
     tuning.stop(1.0)
+
+
+def _autocast_run(model: torch.nn.Module, batches: list[int], cast: list[bool]) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    outputs = []
+    with torch.no_grad():
+        for batch, on in zip(batches, cast):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=on):
+                outputs.append(model(torch.randn(batch, 32, generator=generator)))
+    return outputs
+
+
+def test_a_module_called_under_autocast_is_tuned_on_the_worker_under_that_autocast(background):
+    """Autocast is thread-local: the worker replays, builds and validates a graph under the state it was
+    recorded under (before, every candidate failed on the output dtype, and the module stayed eager)."""
+    model = make_mlp()
+    enable()
+    _autocast_run(model, [2, 3, 4], [True] * 3)
+    assert wait_until_tuned(timeout=30)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED, node.reason
+    infers = CountingBackend.infers
+    outputs = _autocast_run(model, [2, 4, 3], [True, True, False])
+    reference = _autocast_run(make_mlp(), [2, 4, 3], [True, True, False])
+    assert [o.dtype for o in outputs] == [torch.bfloat16, torch.bfloat16, torch.float32]
+    torch.testing.assert_close(outputs, reference, rtol=0, atol=0)
+    assert CountingBackend.infers == infers + 2  # the plain call is another graph: the original forward
+
+
+def test_calls_with_and_without_autocast_are_tuned_as_two_graphs(background, caplog):
+    model = make_mlp()
+    enable()
+    pattern = [True, False] * 3
+    _autocast_run(model, [2, 3, 4, 5, 6, 7], pattern)
+    assert wait_until_tuned(timeout=30)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED, node.reason
+    assert [spec.autocast for spec in node.recorder.graph_specs] == [(("cpu", "bfloat16"),), ()]
+    assert "output structure changed" not in caplog.text
+    infers = CountingBackend.infers
+    torch.testing.assert_close(_autocast_run(model, [3, 4], [True, False]),
+                               _autocast_run(make_mlp(), [3, 4], [True, False]), rtol=0, atol=0)
+    assert CountingBackend.infers == infers + 2

@@ -1,7 +1,8 @@
 """`GraphRecorder`: turns a module's calls into graphs (GraphSpec) and a bounded set of samples per graph.
 
 Per call: bind `(args, kwargs)` to forward's signature, flatten the bound arguments, compute the
-graph identity (layout, tensor ranks and dtypes, and the non-tensor values in strict mode), then
+graph identity (layout, tensor ranks and dtypes, the non-tensor values in strict mode, and the thread's
+`torch.autocast` state: `autocast_state`), then
 update that graph's running shape statistics (min/max per axis, batch-size following) from every
 call, and offer the call to the graph's bounded sample store.
 
@@ -26,6 +27,7 @@ from aitune_core.context import current_batch_size
 from aitune_core.log import get_logger
 from aitune_core.recording.sample import Sample
 from aitune_core.recording.sample_store import SampleStore
+from aitune_core.specs.autocast_state import AutocastState, current_autocast
 from aitune_core.specs.axis_inference import BatchEvidence, ShapeTracker, implied_batch_size
 from aitune_core.specs.binding import Binder
 from aitune_core.specs.graph_spec import GraphSpec
@@ -47,6 +49,7 @@ class _GraphState:
     evidence: BatchEvidence
     store: SampleStore
     spec: GraphSpec
+    autocast: AutocastState
     mode: str | None = None
     num_calls: int = 0
     warned_output: bool = False
@@ -128,7 +131,8 @@ class GraphRecorder:
         binder, bound = self._bind(args, kwargs)
         in_values, in_treedef = flatten_values(bound)
         out_values, out_treedef = flatten_values(output)
-        identity = (binder, *call_identity(in_values, in_treedef, self.strict))
+        autocast = current_autocast()
+        identity = (binder, *call_identity(in_values, in_treedef, self.strict), autocast)
         out_identity = call_identity(out_values, out_treedef, strict=False)
         in_shapes = _shapes(in_values)
         out_shapes = _shapes(out_values)
@@ -141,7 +145,8 @@ class GraphRecorder:
                 if len(self._graphs) >= self.max_graphs:
                     self._refuse_graph()
                     return None
-                state = self._new_graph(identity, binder, in_values, in_treedef, out_values, out_treedef, out_identity)
+                state = self._new_graph(identity, binder, in_values, in_treedef, out_values, out_treedef, out_identity,
+                                        autocast)
             state.num_calls += 1
             state.evidence.observe(batch_size, implied)
             changed = False
@@ -188,11 +193,12 @@ class GraphRecorder:
         out_values: list[Any],
         out_treedef: Any,
         out_identity: tuple[Any, ...],
+        autocast: AutocastState,
     ) -> _GraphState:
         name = str(len(self._graphs))
         input_meta = SampleMetadata.from_leaves(in_values, in_treedef)
         output_meta = SampleMetadata.from_leaves(out_values, out_treedef, names_prefix="outputs")
-        spec = GraphSpec(name, input_meta, output_meta, binder, self.strict)
+        spec = GraphSpec(name, input_meta, output_meta, binder, self.strict, autocast)
         state = _GraphState(
             name=name,
             binder=binder,
@@ -204,6 +210,7 @@ class GraphRecorder:
             evidence=BatchEvidence(),
             store=SampleStore(self.max_samples),
             spec=spec,
+            autocast=autocast,
         )
         self._graphs[identity] = state
         self._by_name[name] = state
@@ -227,6 +234,7 @@ class GraphRecorder:
             self._updated(state.output_meta, state.output_trackers, state.mode),
             state.binder,
             self.strict,
+            state.autocast,
         )
         state.spec = spec
         self._specs = [spec if s.name == state.name else s for s in self._specs]
@@ -267,7 +275,7 @@ class GraphRecorder:
         try:
             binder, bound = self._bind(tuple(args), dict(kwargs))
             values, treedef = flatten_values(bound)
-            state = self._graphs.get((binder, *call_identity(values, treedef, self.strict)))
+            state = self._graphs.get((binder, *call_identity(values, treedef, self.strict), current_autocast()))
         except Exception:
             return False
         return state is not None and state.num_calls >= count

@@ -2,7 +2,8 @@
 
 Two calls belong to the same graph when their bound arguments have the same layout, the same tensor
 ranks and dtypes, and (in strict mode) the same non-tensor values. Within a graph, tensor sizes vary
-inside the recorded [min, max] range of each batch / dynamic axis.
+inside the recorded [min, max] range of each batch / dynamic axis. The thread's `torch.autocast` state is part of
+the identity too (`autocast_state`): a call under autocast is another computation.
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ from typing import Any
 
 import torch
 
+from aitune_core.specs.autocast_state import (
+    NO_AUTOCAST,
+    AutocastState,
+    autocast_from_json,
+    autocast_to_json,
+    current_autocast,
+    describe_autocast,
+)
 from aitune_core.specs.binding import Binder
 from aitune_core.specs.sample_metadata import SampleMetadata, constant_key
 from aitune_core.specs.tree import TENSOR, flatten_values
@@ -31,6 +40,8 @@ class GraphSpec:
     - `binder`: how `(args, kwargs)` map onto forward's parameters (from the module's signature).
     - `strict`: whether non-tensor input values are part of the identity (from `config.strict_mode`
       when the graph was recorded).
+    - `autocast`: the `torch.autocast` state the calls were made under (`autocast_state`; `()` for none). Only
+      calls made under the same state belong to the graph, and its samples are replayed under it.
     """
 
     name: str
@@ -38,6 +49,7 @@ class GraphSpec:
     output_spec: SampleMetadata
     binder: Binder = field(default_factory=Binder.generic)
     strict: bool = True
+    autocast: AutocastState = NO_AUTOCAST
     _tensor_checks: tuple[_TensorCheck, ...] = field(init=False, repr=False, compare=False, hash=False)
     _const_checks: tuple[tuple[int, Any], ...] = field(init=False, repr=False, compare=False, hash=False)
     # call layouts (positional arity, keyword names in order) of accepted calls made only of plain tensors,
@@ -65,7 +77,8 @@ class GraphSpec:
 
     # -- identity & dispatch --------------------------------------------------------------------
     def identity(self) -> tuple[Any, ...]:
-        return self.input_spec.identity(self.strict)
+        base = self.input_spec.identity(self.strict)
+        return (*base, ("autocast", self.autocast)) if self.autocast else base
 
     def accepts(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
         """True when the call belongs to this graph and every tensor axis lies within its recorded range.
@@ -75,8 +88,11 @@ class GraphSpec:
         (`module(x)`, `model(input_ids=..., attention_mask=...)`) whose layout - positional arity and keyword
         names in order - was seen in an accepted call before skips the bind and the flatten: binding such a
         call always yields the same tree with the same tensors in the same places (every other leaf comes
-        from forward's defaults), so only the tensor checks can differ.
+        from forward's defaults), so only the tensor checks can differ. A call under another autocast state
+        is never accepted.
         """
+        if current_autocast() != self.autocast:
+            return False
         layouts = self._fast_layouts
         if layouts:
             layout = layouts.get((len(args), tuple(kwargs)))
@@ -94,6 +110,11 @@ class GraphSpec:
         return self._check(args, kwargs, explain=True)
 
     def _check(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, explain: bool) -> str | None:
+        state = current_autocast()
+        if state != self.autocast:
+            if not explain:
+                return "autocast"
+            return f"called under {describe_autocast(state)}, graph recorded under {describe_autocast(self.autocast)}"
         try:
             bound = self.binder.bind(args, kwargs)
         except TypeError as e:
@@ -172,13 +193,16 @@ class GraphSpec:
     # -- serialization / display ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (dtypes as strings); `from_dict(json.loads(json.dumps(d)))` gives an equal spec."""
-        return {
+        data = {
             "name": self.name,
             "strict": self.strict,
             "binder": self.binder.to_dict(),
             "input_spec": self.input_spec.to_dict(),
             "output_spec": self.output_spec.to_dict(),
         }
+        if self.autocast:  # only then: files of graphs without autocast stay as they were
+            data["autocast"] = autocast_to_json(self.autocast)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> GraphSpec:
@@ -188,4 +212,5 @@ class GraphSpec:
             output_spec=SampleMetadata.from_dict(data["output_spec"]),
             binder=Binder.from_dict(data["binder"]) if "binder" in data else Binder.generic(),
             strict=bool(data.get("strict", True)),
+            autocast=autocast_from_json(data.get("autocast")),
         )

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from aitune_core.log import render_to_str
+from aitune_core.specs.autocast_state import describe_autocast
 
 if TYPE_CHECKING:
     from aitune_core.specs.graph_spec import GraphSpec
@@ -71,8 +72,9 @@ def sample_metadata_renderable(metadata: SampleMetadata) -> Group:
 
 
 def graph_spec_renderable(graph_spec: GraphSpec) -> Group:
+    autocast = f" ({describe_autocast(graph_spec.autocast)})" if graph_spec.autocast else ""
     return Group(
-        Text(f"Name={graph_spec.name}"),
+        Text(f"Name={graph_spec.name}{autocast}"),
         Text("Input_spec:"),
         sample_metadata_renderable(graph_spec.input_spec),
         Text("Output_spec:"),

@@ -28,7 +28,11 @@ Why these values:
   already use TF32 by default (`torch.backends.cudnn.allow_tf32`) and a compiled graph may pick other algorithms,
   so two TF32 paths differ by a few 1e-3 after many layers.
 - float16: epsilon ~1e-3; fused kernels keep fp32 intermediates where eager rounds after every op, which moves
-  outputs by a few ulps per layer. Autocast backends validate fp32 outputs with the autocast dtype's tolerance.
+  outputs by a few ulps per layer. Autocast backends validate fp32 outputs with the autocast dtype's tolerance,
+  and so does every backend of a graph the program calls under `torch.autocast` (`under_autocast`): its fp32
+  outputs (a LayerNorm's, which autocast runs in fp32) come out of reduced-precision matmuls, and a compiler
+  that fuses them rounds at other places (GPT-2 under bf16 autocast: relative L2 error 2.6e-3 between Inductor
+  and eager, both under autocast).
 - bfloat16: epsilon ~8e-3, so one ulp is already up to 0.8 %, and errors grow with depth: a 12-layer BERT-base
   under bf16 autocast puts a few dozen of its millions of hidden-state elements up to ~0.03 away from fp32
   eager, mostly near zero; 5e-2 leaves margin for that while a wrong op or wrong weights still miss by O(1).
@@ -51,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -155,3 +160,22 @@ def quantized_tolerance(dtype: torch.dtype, device: torch.device | str | None = 
     base = _builtin_float_tolerance(dtype, device).widen(QUANTIZED_TOLERANCE)
     rtol, atol = _config_value("quantized_rtol"), _config_value("quantized_atol")
     return Tolerance(base.rtol if rtol is None else rtol, base.atol if atol is None else atol)
+
+
+def under_autocast(
+    tolerance_fn: Callable[[torch.dtype], Tolerance], dtypes: Sequence[torch.dtype]
+) -> Callable[[torch.dtype], Tolerance]:
+    """`tolerance_fn` widened, for floating outputs, to the tolerance of each autocast dtype in `dtypes` (the
+    graph's calls ran under `torch.autocast`; see the module docstring)."""
+    if not dtypes:
+        return tolerance_fn
+
+    def widened(dtype: torch.dtype) -> Tolerance:
+        base = tolerance_fn(dtype)
+        if _is_integral(dtype):
+            return base
+        for cast in dtypes:
+            base = base.widen(default_tolerance(cast))
+        return base
+
+    return widened

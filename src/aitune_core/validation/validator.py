@@ -42,12 +42,13 @@ import torch
 
 from aitune_core.errors import ValidationError
 from aitune_core.log import get_logger
+from aitune_core.specs.autocast_state import autocast_as, autocast_dtypes
 from aitune_core.specs.object_signature import object_signature
 from aitune_core.specs.tree import TENSOR, flatten
 from aitune_core.validation.criterion import Criterion, FloatComparison, mismatch_error
 from aitune_core.validation.kept_outputs import KeptOutputs
 from aitune_core.validation.private_inputs import PrivateInputs, argument_state, has_floating_tensors
-from aitune_core.validation.tolerance import Tolerance
+from aitune_core.validation.tolerance import Tolerance, under_autocast
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
@@ -73,15 +74,16 @@ def validate_backend(
 ) -> None:
     """Run every sample through `backend` and check its outputs and inputs (see the module docstring).
 
-    `tolerance_fn(dtype)` defaults to `backend.tolerance`, `criterion` to `Criterion.from_config()`. Raises
+    `tolerance_fn(dtype)` defaults to `backend.tolerance` (widened to the autocast dtype's for a graph called under
+    `torch.autocast`: `under_autocast`), `criterion` to `Criterion.from_config()`. Raises
     `ValidationError` on the first problem (for values not close enough, with a `closeness` attribute).
     """
-    tolerance_fn = tolerance_fn or backend.tolerance
+    tolerance_fn = under_autocast(tolerance_fn or backend.tolerance, autocast_dtypes(graph_spec.autocast))
     criterion = criterion or Criterion.from_config()
     if not data:
         raise ValidationError(f"{backend.describe()}: no samples to validate graph {graph_spec.name} with")
     kept: KeptOutputs | None = None
-    with torch.no_grad():
+    with torch.no_grad(), autocast_as(graph_spec.autocast):
         for index, sample in enumerate(data):
             where = f"{backend.describe()} (graph {graph_spec.name}, sample {index})"
             output, inputs = _run_sample(backend, sample, where)
