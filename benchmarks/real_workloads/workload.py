@@ -1,6 +1,7 @@
 """Real third-party workloads as unmodified scripts (no aitune code here), tiny for CI or at real size on a GPU.
 
     python workload.py WORKLOAD --out FILE [--size tiny|real] [--device cpu|cuda] [--until-tuned SECONDS]
+        [--autocast bf16|fp16]
 
 Builds the model from a config with random weights (no download), runs it the way users do (greedy
 `generate()` with the default DynamicCache, a DDIM denoising loop with classifier-free guidance, a module that
@@ -15,6 +16,9 @@ worker still has work (read from `aitune_jit.worker` when the env var loaded it;
 of aitune), the script keeps producing results, for at most S seconds, until one whole cycle of the configured
 results ran with the worker idle, then produces the configured number once more, so the last result is the
 steady state; `tuned_after_s` says when the worker went idle for good.
+
+`--autocast DTYPE` runs the whole workload inside `torch.autocast(device, dtype)`, as a user serving in reduced
+precision writes it.
 
 Sizes: `tiny` is CI-sized (a few seconds on a 2-core CPU); `real` is GPT2Config() (124M) with prompts of 16/24/32
 tokens and an SD-1.5-shaped UNet2DConditionModel(sample_size=64, cross_attention_dim=768).
@@ -311,6 +315,9 @@ WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
 }
 
 
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("workload", choices=sorted(WORKLOADS))
@@ -322,18 +329,22 @@ def main() -> None:
                         help="gpt2/unet: wrap the model in torch.compile(mode=...) as a compile user would")
     parser.add_argument("--until-tuned", type=float, default=0.0, metavar="SECONDS",
                         help="gpt2/unet: keep going while aitune's background worker is busy, at most this long")
+    parser.add_argument("--autocast", default=None, choices=sorted(AUTOCAST),
+                        help="run the workload inside torch.autocast(device, dtype)")
     args = parser.parse_args()
     global COMPILE_MODE, UNTIL_TUNED_S
     COMPILE_MODE, UNTIL_TUNED_S = args.compile, args.until_tuned
     torch.manual_seed(0)
     start = time.perf_counter()
     size, real = SIZES[args.size], args.size == "real"
-    if args.replay is not None:
-        if args.workload != "unet":
-            parser.error("--replay is for the unet workload")
-        result = unet(size, real, args.device, replay=torch.load(args.replay))
-    else:
-        result = WORKLOADS[args.workload](size, real, args.device)
+    if args.replay is not None and args.workload != "unet":
+        parser.error("--replay is for the unet workload")
+    device_type = torch.device(args.device).type
+    with torch.autocast(device_type, dtype=AUTOCAST.get(args.autocast), enabled=args.autocast is not None):
+        if args.replay is not None:
+            result = unet(size, real, args.device, replay=torch.load(args.replay))
+        else:
+            result = WORKLOADS[args.workload](size, real, args.device)
     result["wall_s"] = time.perf_counter() - start
     torch.save(result, args.out)
 
