@@ -1,0 +1,46 @@
+"""benchmarks/real_workloads/correctness.py: how two greedy generations from one prompt are judged."""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.real_workloads import correctness
+
+PROMPT = [5, 6, 7]
+
+
+def _generation(steps: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy tokens and the scores rows that chose them (batch 1), after `PROMPT`."""
+    scores = torch.tensor(steps).unsqueeze(1)
+    tokens = torch.tensor([PROMPT + [int(row.argmax()) for row in scores[:, 0]]])
+    return tokens, scores
+
+
+def _result(*generations: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    return {"tokens": [g[0] for g in generations], "scores": [g[1] for g in generations]}
+
+
+def test_identical_generations_agree_and_a_background_run_is_matched_by_prompt():
+    first, second = _generation([[1.0, 3.0, 0.0]]), _generation([[4.0, 0.0, 1.0]])
+    result = correctness.compare("gpt2", _result(first, second), _result(first, second, first, second), "bf16")
+    assert result["ok"] and len(result["calls"]) == 4 and result["near_tie_flips"] == 0
+
+
+def test_a_flip_between_two_nearly_equal_scores_is_a_near_tie_and_agrees():
+    plain = _generation([[1.0, 2.00, 1.99], [3.0, 0.0, 0.0]])
+    tuned = _generation([[1.0, 1.99, 2.00], [0.0, 0.0, 3.0]])  # the tie flips, then another context
+    result = correctness.compare("gpt2", _result(plain), _result(tuned), "bf16")
+    (call,) = result["calls"]
+    assert not call["tokens_identical"] and call["divergence"]["first_differing_step"] == 0
+    assert call["divergence"]["near_tie"] and call["agrees"] and result["ok"] and result["near_tie_flips"] == 1
+
+
+def test_a_flip_with_a_clear_margin_or_wrong_scores_before_it_is_a_failure():
+    plain = _generation([[1.0, 3.0, 0.0], [3.0, 0.0, 0.0]])
+    clear = _generation([[1.0, 3.0, 0.0], [0.0, 0.0, 3.0]])  # step 1: plain's margin is 3.0
+    result = correctness.compare("gpt2", _result(plain), _result(clear), "bf16")
+    assert not result["ok"] and result["calls"][0]["divergence"]["first_differing_step"] == 1
+    assert not result["calls"][0]["divergence"]["near_tie"]
+    tie = _generation([[1.0, 2.00, 1.99], [3.0, 0.0, 0.0]])
+    drifted = _generation([[9.0, 1.99, 2.00], [0.0, 0.0, 3.0]])  # scores off before the flip
+    assert not correctness.compare("gpt2", _result(tie), _result(drifted), "bf16")["ok"]
