@@ -78,3 +78,12 @@ def test_strategy_thresholds_are_part_of_the_key():
     strict = HighestThroughputStrategy([TorchEagerBackend()], min_speedup=1.5)
     lenient = HighestThroughputStrategy([TorchEagerBackend()], min_speedup=1.0)
     assert _key(module, spec, strict) != _key(module, spec, lenient)
+
+
+def test_a_graph_called_under_autocast_has_a_key_of_its_own():
+    module = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    plain = _spec(module, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = _spec(module, (2, 8))
+    assert cast.autocast and not plain.autocast
+    assert _key(module, plain) != _key(module, cast)

@@ -308,3 +308,15 @@ def test_an_entry_edited_to_set_a_program_for_inductor_is_refused_with_a_warning
     refused = [r.getMessage() for r in caplog.records if "refused the decision" in r.getMessage()]
     assert len(refused) == 1 and "'cpp.cxx' is not accepted from a file" in refused[0]
     assert len(_tunings("Block")) == 1
+
+
+def test_the_cache_listing_names_a_graph_s_autocast_state():
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_jit.decisions import graph_label
+
+    model = torch.nn.Linear(4, 4)
+    recorder = GraphRecorder(model.forward)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        x = torch.randn(2, 4)
+        spec = recorder.record((x,), {}, model(x))
+    assert graph_label(spec) == "0: input float32[2,4] (autocast cpu bfloat16)"
