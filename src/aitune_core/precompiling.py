@@ -39,7 +39,7 @@ import torch
 from aitune_core.backends.aoti_package import file_sha256
 from aitune_core.backends.precompiled import FORMAT, precompiled_entry
 from aitune_core.errors import BackendBuildError
-from aitune_core.specs.autocast_state import autocast_as
+from aitune_core.specs.replay_state import replaying
 from aitune_core.specs.tree import flatten_values, unflatten
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def make_precompiled(module: torch.nn.Module, graph_spec: GraphSpec, data: Seque
     or dynamo or Inductor refuse the first function (a graph break included)."""
     if not data:
         raise BackendBuildError("no recorded call to precompile from")
-    with autocast_as(graph_spec.autocast):  # compiled (and its guards checked) as the program calls the graph
+    with replaying(graph_spec):  # compiled (and its guards checked) as the program calls the graph
         functions = _compile_all(module, graph_spec, data, device)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from aitune_core.decision_key import decision_key
 from aitune_core.decision_store import INDUCTOR, Decision, DecisionStore
-from aitune_core.specs.autocast_state import describe_autocast
+from aitune_core.specs.replay_state import describe_replay_state
 from aitune_jit.config import jit_config
 from aitune_jit.node_registry import registry
 from aitune_jit.outcome import TuningOutcome
@@ -176,8 +176,8 @@ def graph_label(spec: GraphSpec) -> str:
         dims = ",".join(str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(tensor.min_shape, tensor.max_shape))
         tensors.append(f"{tensor.name} {str(tensor.dtype).replace('torch.', '')}[{dims}]")
     more = ", ..." if len(spec.input_spec.tensors) > 3 else ""
-    cast = f" ({describe_autocast(spec.autocast)})" if spec.autocast else ""
-    return f"{spec.name}: {', '.join(tensors)}{more}{cast}"
+    state = describe_replay_state(spec)
+    return f"{spec.name}: {', '.join(tensors)}{more}" + (f" ({state})" if state else "")
 
 
 def _validated_count(node: TuningNode, spec: GraphSpec) -> int:

@@ -46,7 +46,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from aitune_core.decision_store import PACKAGES
-from aitune_core.specs.autocast_state import autocast_as
+from aitune_core.specs.replay_state import replaying
 from aitune_jit import decisions
 from aitune_jit.config import jit_config
 from aitune_jit.node_registry import registry
@@ -247,7 +247,7 @@ def _package(node: TuningNode, decision: Decision, spec: GraphSpec, samples: lis
         from aitune_core.aoti_packaging import compile_package
 
         timeout = jit_config.tuning_timeout_s  # the job's own limit: the compile gets most of it, the rest is export
-        with autocast_as(spec.autocast):  # exported as the program calls the graph (the load validates it)
+        with replaying(spec):  # exported as the program calls the graph (the load validates it)
             digest = compile_package(node.tuning_view(), spec, samples, device, dest,
                                      timeout_s=1800.0 if timeout is None else 0.8 * float(timeout),
                                      should_stop=abandoned)

@@ -26,8 +26,8 @@ import torch
 from aitune_core.backends.module_watch import submodule_hooks
 from aitune_core.errors import NotFasterThanEagerError
 from aitune_core.module_info import module_device
-from aitune_core.specs.autocast_state import autocast_as
 from aitune_core.specs.range_headroom import with_headroom
+from aitune_core.specs.replay_state import replaying
 from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit import decisions, packaging
@@ -255,7 +255,7 @@ def _graph_break_cause(
     """Dynamo's explanation of one recorded call of graph `spec`: the cause when it breaks (logged and
     remembered as the graph's decision), else None."""
     args, kwargs = samples[spec.name][0].inputs_to(device)  # a stateful sample: on fresh copies
-    with autocast_as(spec.autocast):  # traced as the program calls it
+    with replaying(spec):  # traced as the program calls it
         report = find_graph_breaks(proxy, args, kwargs)
     if not report.has_breaks:
         _log(f"No graph breaks in {node.short}. Checking took {report.duration_s:.2f}s")

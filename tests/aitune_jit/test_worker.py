@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import ClassVar
 
 import pytest
 import torch
@@ -464,3 +465,29 @@ def test_calls_with_and_without_autocast_are_tuned_as_two_graphs(background, cap
     torch.testing.assert_close(_autocast_run(model, [3, 4], [True, False]),
                                _autocast_run(make_mlp(), [3, 4], [True, False]), rtol=0, atol=0)
     assert CountingBackend.infers == infers + 2
+
+
+class _DeviceSpy(CountingBackend):
+    """Notes the default device of every call it answers (validation's replays run on the worker)."""
+
+    seen: ClassVar[list[str]] = []
+
+    def _infer(self, *args, **kwargs):
+        _DeviceSpy.seen.append(torch.get_default_device().type)
+        return super()._infer(*args, **kwargs)
+
+
+def test_a_graph_called_under_a_default_device_is_replayed_under_it_on_the_worker(background):
+    jit_config.backends = [_DeviceSpy()]
+    _DeviceSpy.seen = []
+    model = make_mlp()
+    enable()
+    inputs = [torch.randn(batch, 32) for batch in (2, 3, 4)]
+    with torch.no_grad(), torch.device("meta"):  # the MLP makes no tensors of its own: its calls run as before
+        for x in inputs:
+            model(x)
+    assert wait_until_tuned(timeout=30)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED, node.reason
+    assert node.recorder.graph_specs[0].default_device == "meta"
+    assert _DeviceSpy.seen and set(_DeviceSpy.seen) == {"meta"}

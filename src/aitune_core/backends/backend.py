@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from aitune_core.errors import BackendBuildError, BackendStateError
-from aitune_core.specs.autocast_state import NO_AUTOCAST, autocast_as
+from aitune_core.specs.replay_state import replaying
 
 if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
@@ -220,8 +220,7 @@ class Backend(ABC):
             raise BackendStateError(f"{self.name}: build() is allowed once, from INIT; state is {self._state.name}")
         self._device = torch.device(device)
         try:
-            # built (compiled, warmed up) under the autocast state the program calls the graph under
-            with autocast_as(getattr(graph_spec, "autocast", NO_AUTOCAST)):
+            with replaying(graph_spec):  # built (compiled, warmed up) as the program calls the graph
                 self._build(module, graph_spec, data, Path(cache_dir))
         except BackendBuildError:
             raise

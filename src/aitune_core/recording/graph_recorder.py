@@ -2,7 +2,7 @@
 
 Per call: bind `(args, kwargs)` to forward's signature, flatten the bound arguments, compute the
 graph identity (layout, tensor ranks and dtypes, the non-tensor values in strict mode, and the thread's
-`torch.autocast` state: `autocast_state`), then
+`torch.autocast` state and default device: `autocast_state`, `default_device`), then
 update that graph's running shape statistics (min/max per axis, batch-size following) from every
 call, and offer the call to the graph's bounded sample store.
 
@@ -30,6 +30,7 @@ from aitune_core.recording.sample_store import SampleStore
 from aitune_core.specs.autocast_state import AutocastState, current_autocast
 from aitune_core.specs.axis_inference import BatchEvidence, ShapeTracker, implied_batch_size
 from aitune_core.specs.binding import Binder
+from aitune_core.specs.default_device import current_default_device
 from aitune_core.specs.graph_spec import GraphSpec
 from aitune_core.specs.sample_metadata import SampleMetadata, call_identity
 from aitune_core.specs.tree import flatten_values
@@ -50,6 +51,7 @@ class _GraphState:
     store: SampleStore
     spec: GraphSpec
     autocast: AutocastState
+    default_device: str | None
     mode: str | None = None
     num_calls: int = 0
     warned_output: bool = False
@@ -131,8 +133,8 @@ class GraphRecorder:
         binder, bound = self._bind(args, kwargs)
         in_values, in_treedef = flatten_values(bound)
         out_values, out_treedef = flatten_values(output)
-        autocast = current_autocast()
-        identity = (binder, *call_identity(in_values, in_treedef, self.strict), autocast)
+        autocast, device = current_autocast(), current_default_device()
+        identity = (binder, *call_identity(in_values, in_treedef, self.strict), autocast, device)
         out_identity = call_identity(out_values, out_treedef, strict=False)
         in_shapes = _shapes(in_values)
         out_shapes = _shapes(out_values)
@@ -146,7 +148,7 @@ class GraphRecorder:
                     self._refuse_graph()
                     return None
                 state = self._new_graph(identity, binder, in_values, in_treedef, out_values, out_treedef, out_identity,
-                                        autocast)
+                                        (autocast, device))
             state.num_calls += 1
             state.evidence.observe(batch_size, implied)
             changed = False
@@ -193,12 +195,13 @@ class GraphRecorder:
         out_values: list[Any],
         out_treedef: Any,
         out_identity: tuple[Any, ...],
-        autocast: AutocastState,
+        thread_state: tuple[AutocastState, str | None],
     ) -> _GraphState:
         name = str(len(self._graphs))
         input_meta = SampleMetadata.from_leaves(in_values, in_treedef)
         output_meta = SampleMetadata.from_leaves(out_values, out_treedef, names_prefix="outputs")
-        spec = GraphSpec(name, input_meta, output_meta, binder, self.strict, autocast)
+        autocast, device = thread_state
+        spec = GraphSpec(name, input_meta, output_meta, binder, self.strict, autocast, device)
         state = _GraphState(
             name=name,
             binder=binder,
@@ -211,6 +214,7 @@ class GraphRecorder:
             store=SampleStore(self.max_samples),
             spec=spec,
             autocast=autocast,
+            default_device=device,
         )
         self._graphs[identity] = state
         self._by_name[name] = state
@@ -235,6 +239,7 @@ class GraphRecorder:
             state.binder,
             self.strict,
             state.autocast,
+            state.default_device,
         )
         state.spec = spec
         self._specs = [spec if s.name == state.name else s for s in self._specs]
@@ -275,7 +280,9 @@ class GraphRecorder:
         try:
             binder, bound = self._bind(tuple(args), dict(kwargs))
             values, treedef = flatten_values(bound)
-            state = self._graphs.get((binder, *call_identity(values, treedef, self.strict), current_autocast()))
+            identity = (binder, *call_identity(values, treedef, self.strict), current_autocast(),
+                        current_default_device())
+            state = self._graphs.get(identity)
         except Exception:
             return False
         return state is not None and state.num_calls >= count

@@ -2,8 +2,9 @@
 
 Two calls belong to the same graph when their bound arguments have the same layout, the same tensor
 ranks and dtypes, and (in strict mode) the same non-tensor values. Within a graph, tensor sizes vary
-inside the recorded [min, max] range of each batch / dynamic axis. The thread's `torch.autocast` state is part of
-the identity too (`autocast_state`): a call under autocast is another computation.
+inside the recorded [min, max] range of each batch / dynamic axis. The calling thread's `torch.autocast` state and
+default device are part of the identity too (`autocast_state`, `default_device`): a call under autocast is another
+computation, and a forward's own tensors go to the default device.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from aitune_core.specs.autocast_state import (
     describe_autocast,
 )
 from aitune_core.specs.binding import Binder
+from aitune_core.specs.default_device import current_default_device, default_device_from_json
 from aitune_core.specs.sample_metadata import SampleMetadata, constant_key
 from aitune_core.specs.tree import TENSOR, flatten_values
 
@@ -42,6 +44,8 @@ class GraphSpec:
       when the graph was recorded).
     - `autocast`: the `torch.autocast` state the calls were made under (`autocast_state`; `()` for none). Only
       calls made under the same state belong to the graph, and its samples are replayed under it.
+    - `default_device`: the thread's default device when the calls were made (`default_device`; None: the CPU),
+      with the same rules.
     """
 
     name: str
@@ -50,6 +54,7 @@ class GraphSpec:
     binder: Binder = field(default_factory=Binder.generic)
     strict: bool = True
     autocast: AutocastState = NO_AUTOCAST
+    default_device: str | None = None
     _tensor_checks: tuple[_TensorCheck, ...] = field(init=False, repr=False, compare=False, hash=False)
     _const_checks: tuple[tuple[int, Any], ...] = field(init=False, repr=False, compare=False, hash=False)
     # call layouts (positional arity, keyword names in order) of accepted calls made only of plain tensors,
@@ -78,7 +83,9 @@ class GraphSpec:
     # -- identity & dispatch --------------------------------------------------------------------
     def identity(self) -> tuple[Any, ...]:
         base = self.input_spec.identity(self.strict)
-        return (*base, ("autocast", self.autocast)) if self.autocast else base
+        if self.autocast:
+            base = (*base, ("autocast", self.autocast))
+        return (*base, ("default_device", self.default_device)) if self.default_device else base
 
     def accepts(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
         """True when the call belongs to this graph and every tensor axis lies within its recorded range.
@@ -89,9 +96,9 @@ class GraphSpec:
         names in order - was seen in an accepted call before skips the bind and the flatten: binding such a
         call always yields the same tree with the same tensors in the same places (every other leaf comes
         from forward's defaults), so only the tensor checks can differ. A call under another autocast state
-        is never accepted.
+        or default device is never accepted.
         """
-        if current_autocast() != self.autocast:
+        if current_autocast() != self.autocast or current_default_device() != self.default_device:
             return False
         layouts = self._fast_layouts
         if layouts:
@@ -115,6 +122,11 @@ class GraphSpec:
             if not explain:
                 return "autocast"
             return f"called under {describe_autocast(state)}, graph recorded under {describe_autocast(self.autocast)}"
+        device = current_default_device()
+        if device != self.default_device:
+            if not explain:
+                return "default device"
+            return f"called with default device {device or 'cpu'}, graph recorded with {self.default_device or 'cpu'}"
         try:
             bound = self.binder.bind(args, kwargs)
         except TypeError as e:
@@ -202,6 +214,8 @@ class GraphSpec:
         }
         if self.autocast:  # only then: files of graphs without autocast stay as they were
             data["autocast"] = autocast_to_json(self.autocast)
+        if self.default_device:
+            data["default_device"] = self.default_device
         return data
 
     @classmethod
@@ -213,4 +227,5 @@ class GraphSpec:
             binder=Binder.from_dict(data["binder"]) if "binder" in data else Binder.generic(),
             strict=bool(data.get("strict", True)),
             autocast=autocast_from_json(data.get("autocast")),
+            default_device=default_device_from_json(data.get("default_device")),
         )

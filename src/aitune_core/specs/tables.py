@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from aitune_core.log import render_to_str
-from aitune_core.specs.autocast_state import describe_autocast
+from aitune_core.specs.replay_state import describe_replay_state
 
 if TYPE_CHECKING:
     from aitune_core.specs.graph_spec import GraphSpec
@@ -72,9 +72,9 @@ def sample_metadata_renderable(metadata: SampleMetadata) -> Group:
 
 
 def graph_spec_renderable(graph_spec: GraphSpec) -> Group:
-    autocast = f" ({describe_autocast(graph_spec.autocast)})" if graph_spec.autocast else ""
+    state = describe_replay_state(graph_spec)
     return Group(
-        Text(f"Name={graph_spec.name}{autocast}"),
+        Text(f"Name={graph_spec.name}" + (f" ({state})" if state else "")),
         Text("Input_spec:"),
         sample_metadata_renderable(graph_spec.input_spec),
         Text("Output_spec:"),

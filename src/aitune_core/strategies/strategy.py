@@ -55,7 +55,7 @@ from aitune_core.backends.backend import Backend, BackendState
 from aitune_core.errors import TuningFailedError, ValidationError, brief
 from aitune_core.log import get_logger, timed
 from aitune_core.module_info import count_parameters
-from aitune_core.specs.autocast_state import autocast_as
+from aitune_core.specs.replay_state import replaying
 from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
 from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.validation.validator import validate_backend
@@ -263,7 +263,7 @@ class TuneStrategy(ABC):  # noqa: B024 - one of _tune / _tune_job is required: c
         strategy = type(self).__name__
         _logger.info("⏳ Executing strategy `%s` on module `%s` (graph: %s)", strategy, job.name, job.graph_spec.name)
         arguments = job.arguments()  # one list of samples for the three hooks, as before
-        with timed(_logger, f"Tune `{strategy}`"), autocast_as(job.graph_spec.autocast):  # replays as recorded
+        with timed(_logger, f"Tune `{strategy}`"), replaying(job.graph_spec):  # as the program called it
             self._pre_tune(*arguments)
             result = self._tune(*arguments) if self._implements_tune() else self._tune_job(job)
             report = result if isinstance(result, TuneReport) else TuneReport(backend=result)

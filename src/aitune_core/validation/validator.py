@@ -42,8 +42,9 @@ import torch
 
 from aitune_core.errors import ValidationError
 from aitune_core.log import get_logger
-from aitune_core.specs.autocast_state import autocast_as, autocast_dtypes
+from aitune_core.specs.autocast_state import autocast_dtypes
 from aitune_core.specs.object_signature import object_signature
+from aitune_core.specs.replay_state import replaying
 from aitune_core.specs.tree import TENSOR, flatten
 from aitune_core.validation.criterion import Criterion, FloatComparison, mismatch_error
 from aitune_core.validation.kept_outputs import KeptOutputs
@@ -83,7 +84,7 @@ def validate_backend(
     if not data:
         raise ValidationError(f"{backend.describe()}: no samples to validate graph {graph_spec.name} with")
     kept: KeptOutputs | None = None
-    with torch.no_grad(), autocast_as(graph_spec.autocast):
+    with torch.no_grad(), replaying(graph_spec):
         for index, sample in enumerate(data):
             where = f"{backend.describe()} (graph {graph_spec.name}, sample {index})"
             output, inputs = _run_sample(backend, sample, where)
