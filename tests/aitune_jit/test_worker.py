@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import ClassVar
 
 import pytest
 import torch
@@ -467,27 +466,37 @@ def test_calls_with_and_without_autocast_are_tuned_as_two_graphs(background, cap
     assert CountingBackend.infers == infers + 2
 
 
-class _DeviceSpy(CountingBackend):
-    """Notes the default device of every call it answers (validation's replays run on the worker)."""
+_DEVICES_SEEN: list[str] = []
 
-    seen: ClassVar[list[str]] = []
 
-    def _infer(self, *args, **kwargs):
-        _DeviceSpy.seen.append(torch.get_default_device().type)
-        return super()._infer(*args, **kwargs)
+class _DeviceWitness(torch.nn.Module):
+    """Notes the default device of every call of its forward (the program's and every replay of tuning)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(32, 32)
+
+    def forward(self, x):
+        _DEVICES_SEEN.append(torch.get_default_device().type)
+        return self.lin(x) * 2
 
 
 def test_a_graph_called_under_a_default_device_is_replayed_under_it_on_the_worker(background):
-    jit_config.backends = [_DeviceSpy()]
-    _DeviceSpy.seen = []
-    model = make_mlp()
+    from aitune_core.strategies.highest_throughput import HighestThroughputStrategy
+
+    # a measuring strategy: its eager timing before any build, the candidate's timing: every replay of tuning
+    jit_config.strategy = HighestThroughputStrategy([CountingBackend()], min_eager_latency_us=0.001, min_speedup=0.0,
+                                                    warmup=1, iterations=2)
+    _DEVICES_SEEN.clear()
+    model = _DeviceWitness().eval()
     enable()
     inputs = [torch.randn(batch, 32) for batch in (2, 3, 4)]
-    with torch.no_grad(), torch.device("meta"):  # the MLP makes no tensors of its own: its calls run as before
+    with torch.no_grad(), torch.device("meta"):  # the forward makes no tensors of its own: it runs as before
         for x in inputs:
             model(x)
-    assert wait_until_tuned(timeout=30)
     node = PatchedModule.of(model)
-    assert node.state is NodeState.TUNED, node.reason
-    assert node.recorder.graph_specs[0].default_device == "meta"
-    assert _DeviceSpy.seen and set(_DeviceSpy.seen) == {"meta"}
+    specs = node.recorder.graph_specs if node.recorder is not None else []
+    assert wait_until_tuned(timeout=30)
+    assert node.state is NodeState.TUNED or "faster than eager" in node.reason, node.reason  # (a slower backend)
+    assert [spec.default_device for spec in specs] in ([], ["meta"])
+    assert len(_DEVICES_SEEN) > len(inputs) and set(_DEVICES_SEEN) == {"meta"}  # the replays too
