@@ -58,7 +58,7 @@ def test_tuned_module_follows_every_change(backend_name):
         return dispatcher is not None and not dispatcher.watch.stale()
 
     done = run_scenarios(wrapped, net, eager, serving=serving, atol=tolerance, rtol=tolerance)
-    assert len(done) == len(CHANGES) + 4
+    assert len(done) == len(CHANGES) + 6
 
 
 def test_save_refits_a_changed_baked_backend_first(tmp_path):

@@ -14,16 +14,18 @@ import torch
 
 
 class FollowNet(torch.nn.Module):
-    """Linear -> BatchNorm -> ReLU -> Linear: weights, buffers (running statistics) and a training-mode path."""
+    """Linear -> BatchNorm -> ReLU -> Dropout -> Linear: weights, buffers (running statistics), training-mode
+    paths, and a random one (dropout)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.fc1 = torch.nn.Linear(8, 16)
         self.bn = torch.nn.BatchNorm1d(16)
+        self.drop = torch.nn.Dropout(0.25)
         self.fc2 = torch.nn.Linear(16, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+        return self.fc2(self.drop(torch.relu(self.bn(self.fc1(x)))))
 
 
 def make_net(seed: int = 0) -> FollowNet:
@@ -65,6 +67,7 @@ def _train_step(net: torch.nn.Module) -> None:
     net.train()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
     x = torch.randn(6, 8, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(4)  # the same dropout masks for the tuned net and its eager twin
     loss = net(x).square().mean()
     loss.backward()
     optimizer.step()
@@ -83,6 +86,25 @@ CHANGES: list[tuple[str, Callable[[torch.nn.Module], None]]] = [
 
 def _double_output(_module: torch.nn.Module, _inputs: Any, output: torch.Tensor) -> torch.Tensor:
     return output * 2.0
+
+
+def _dropout_flag(tuned: Callable[[torch.Tensor], torch.Tensor], net: torch.nn.Module, eager: torch.nn.Module,
+                  x: torch.Tensor, run_eager: Callable[[Callable[[], Any]], Any], *, atol: float, rtol: float) -> None:
+    """`net.drop.training = True` without `train()` (Monte Carlo dropout): the same masks as eager from the same
+    seed, and the program's random stream left where eager leaves it; then the flag goes back."""
+    net.drop.training = True
+    run_eager(lambda: setattr(eager.drop, "training", True))
+    for call in range(2):
+        with torch.no_grad():
+            torch.manual_seed(7 + call)
+            got, after = tuned(x), torch.rand(3)
+            torch.manual_seed(7 + call)
+            want, expected = run_eager(lambda: eager(x)), torch.rand(3)
+        torch.testing.assert_close(got, want, atol=atol, rtol=rtol,
+                                   msg=lambda m, call=call: f"MC dropout, call {call}: {m}")
+        torch.testing.assert_close(after, expected, msg=lambda m: f"random stream after MC dropout: {m}")
+    net.drop.training = False
+    run_eager(lambda: setattr(eager.drop, "training", False))
 
 
 def run_scenarios(
@@ -113,6 +135,10 @@ def run_scenarios(
         done.append(what)
 
     compare("tuned", x)
+    _dropout_flag(tuned, net, eager, x, run_eager, atol=atol, rtol=rtol)
+    done.append("training flag set directly (MC dropout)")
+    compare("training flag set back", x)
+    assert serving(), "no backend serves after the training flag was set back"
     for name, change in CHANGES:
         change(net)
         run_eager(lambda change=change: change(eager))

@@ -103,3 +103,10 @@ def test_a_module_built_inside_a_compiled_forward_moves_nothing_and_compiles_onc
     assert EPOCH.value == before
     model(x)  # eagerly, the slice is a new module: that still counts
     assert EPOCH.value > before
+
+
+def test_setting_a_training_flag_directly_moves_the_epoch_only_when_it_changes(patched):
+    drop = torch.nn.Dropout(0.5).eval()
+    assert _moved(lambda: setattr(drop, "training", True))  # MC dropout, without `train()`
+    assert not _moved(lambda: setattr(drop, "training", True))
+    assert _moved(lambda: setattr(drop, "training", False))

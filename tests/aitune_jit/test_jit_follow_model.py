@@ -73,7 +73,7 @@ def test_tuned_module_follows_every_change(backend_name, tmp_path):
         return dispatcher is not None and not dispatcher.watch.stale()
 
     done = run_scenarios(net, net, eager, run_eager=_eager_run, serving=serving, atol=tolerance, rtol=tolerance)
-    assert len(done) == len(CHANGES) + 4
+    assert len(done) == len(CHANGES) + 6
 
 
 def _count_calls(module: torch.nn.Module, counts: list[str]) -> None:

@@ -11,7 +11,8 @@ What bumps the epoch (each patch is one `_Patch` record holding the exact origin
   `register_module_forward_pre_hook`, and `RemovableHandle.remove` (every hook removal);
 - `Module.train` (so `eval` too) when a flag actually changes; `Module._apply` (`to`, `cuda`, `half`, ...);
   `Module.load_state_dict`;
-- `Module.__setattr__` of a Module, a Parameter or a registered buffer, `Module.__delattr__`, `add_module`,
+- `Module.__setattr__` of a Module, a Parameter, a registered buffer or a changed `training` flag (a program that
+  sets `m.dropout.training = True` itself, without `train()`), `Module.__delattr__`, `add_module`,
   `register_module`, `register_parameter`, `register_buffer`.
 
 Nothing bumps while dynamo traces (`torch.compiler.is_compiling()`): a compiled forward that builds a temporary
@@ -113,7 +114,9 @@ def _setattr(original: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(value, module_type) or (
             isinstance(value, tensor_type)
             and (isinstance(value, torch.nn.Parameter) or name in state.get("_buffers", ()))
-        ) or (value is None and (name in state.get("_modules", ()) or name in state.get("_parameters", ()))):
+        ) or (value is None and (name in state.get("_modules", ()) or name in state.get("_parameters", ()))) or (
+            name == "training" and value != state.get("training")  # `m.drop.training = True` (MC dropout)
+        ):
             _bump_unless_traced()
         original(self, name, value)
 
