@@ -2,9 +2,12 @@
 
 `torch.set_default_device` and `torch.autocast` hold for the thread that set them only, and aitune tunes on a worker
 thread of its own. This probe serves a small hand-written decoder (token and position embeddings, causal attention,
-MLP blocks) whose forward makes its own tensors without naming a device - `torch.arange(T)` positions and a
-`torch.full(...).triu(1)` mask - as many hand-written models do, from a script that calls
-`torch.set_default_device(device)` first and optionally runs every request inside `torch.autocast`. Two fresh
+MLP blocks) whose forward makes its own tensor without naming a device - a `torch.full(...).triu(1)` causal mask - as
+many hand-written models do, from a script that calls
+`torch.set_default_device(device)` first and optionally runs every request inside `torch.autocast`. (Positions come
+from the embedding's weight, not `torch.arange(T)`: torch 2.11's own `torch.compile` cannot trace an `arange` under
+`set_default_device("cuda")` on an H100 - "Unhandled FakeTensor Device Propagation for aten.embedding" - so such a
+model stays eager under aitune as it fails under torch.compile.) Two fresh
 processes run the same script: plainly, and under `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` (background
 tuning). The JIT process serves until aitune's worker has been idle for a whole cycle of request lengths (at most
 `--serve-s`), then serves one more cycle; every request's output is compared with the plain process's output for
@@ -50,9 +53,8 @@ def _model() -> Any:
 
         def forward(self, ids: torch.Tensor) -> torch.Tensor:
             batch, length = ids.shape
-            positions = torch.arange(length)  # on the default device, as the script set it
-            mask = torch.full((length, length), float("-inf")).triu(1)
-            h = self.tokens(ids) + self.positions(positions)
+            mask = torch.full((length, length), float("-inf")).triu(1)  # on the default device the script set
+            h = self.tokens(ids) + self.positions.weight[:length]
             for qkv, mlp in zip(self.qkv, self.mlp):
                 q, k, v = qkv(h).view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
                 attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))
