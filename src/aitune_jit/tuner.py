@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.backends.module_watch import submodule_hooks
-from aitune_core.errors import NotFasterThanEagerError
+from aitune_core.errors import NotFasterThanEagerError, TuningFailedError, ValidationError
 from aitune_core.module_info import module_device
 from aitune_core.specs.range_headroom import with_headroom
 from aitune_core.specs.replay_state import replaying
@@ -36,6 +36,7 @@ from aitune_jit.graph_breaks import find_graph_breaks
 from aitune_jit.node_registry import registry
 from aitune_jit.outcome import OutcomeDraft, TuningOutcome, Verdict, release_backend
 from aitune_jit.runtime import bypassed, is_installed
+from aitune_jit.stale_samples import STALE, recorded_calls_stale
 from aitune_jit.state import NodeState
 from aitune_jit.tuning_budget import budget
 from aitune_jit.worker import abandoned, sync_stream
@@ -280,9 +281,12 @@ def _tune_graph(
         report = strategy.run(job)
     except Exception as exc:
         cause = f"{type(exc).__name__}: {exc}"
+        if _validation_failed(exc) and recorded_calls_stale(job):
+            cause = f"{cause}; {STALE}"
+        else:
+            decisions.remember_eager(key, node, spec, cause, reopen=True,
+                                     persist=not isinstance(exc, NotFasterThanEagerError))
         draft.failed[spec.name] = cause
-        decisions.remember_eager(key, node, spec, cause, reopen=True,
-                                 persist=not isinstance(exc, NotFasterThanEagerError))
         _log(f"Tuning {node.short} failed after {time.perf_counter() - start:.2f}s: {cause}")
         _logger.debug("Tuning %s failed", node.path, exc_info=True)
         built = any(candidate.built for candidate in getattr(exc, "candidates", None) or ())
@@ -306,6 +310,13 @@ def _tune_graph(
         _log(f"  {node.short}: identical blocks compiled once per class as nested compile regions ({regions})")
     _log_rejected(node, report)
     return None, True
+
+
+def _validation_failed(exc: BaseException) -> bool:
+    """Some candidate built and then failed validation (what recorded calls that went stale cause)."""
+    return isinstance(exc, TuningFailedError) and any(
+        ValidationError.__name__ in (getattr(candidate, "error", None) or "")
+        for candidate in getattr(exc, "candidates", None) or ())
 
 
 def _log_rejected(node: TuningNode, report: TuneReport) -> None:

@@ -1,0 +1,62 @@
+"""A module changed while it is tuned: its candidates' validation failure is neither shared nor stored."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from jit_helpers import CountingBackend, WrongValuesBackend, make_mlp, run
+
+from aitune_jit.config import jit_config
+from aitune_jit.patched_module import PatchedModule
+from aitune_jit.stale_samples import STALE
+from aitune_jit.switch import enable
+from aitune_jit.worker import wait_until_tuned
+
+
+def _stored(kind: str) -> list[str]:
+    folder = jit_config.cache_dir / "decisions"
+    return [p.name for p in folder.glob("*.json") if f'"kind": "{kind}"' in p.read_text()] if folder.exists() else []
+
+
+def _background(backend) -> None:
+    jit_config.blocking = False
+    jit_config.backends = [backend]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+
+
+def test_weights_reloaded_during_a_job_leave_no_eager_decision_behind():
+    _background(CountingBackend())
+    building = threading.Event()
+    original_build = CountingBackend._build
+
+    def slow_build(self, *args):  # the program reloads its weights while the job builds
+        building.set()
+        CountingBackend.build_delay_s = 0.5
+        original_build(self, *args)
+
+    CountingBackend._build = slow_build
+    try:
+        model = make_mlp()
+        enable()
+        run(model, [2, 3])
+        assert building.wait(30)
+        model.load_state_dict(make_mlp(seed=1).state_dict())
+        assert wait_until_tuned(timeout=30)
+    finally:
+        CountingBackend._build = original_build
+    node = PatchedModule.of(model)
+    assert STALE in (node.reason or "") or any(STALE in h for h in PatchedModule.history), PatchedModule.history
+    assert _stored("eager") == []
+    torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(seed=1), [2, 3]))  # the new weights' answers
+
+
+def test_a_backend_that_is_wrong_on_an_unchanged_module_is_still_remembered():
+    _background(WrongValuesBackend())
+    model = make_mlp()
+    enable()
+    run(model, [2, 3])
+    assert wait_until_tuned(timeout=30)
+    assert not any(STALE in h for h in PatchedModule.history)
+    assert _stored("eager")  # the failure holds for this module: later processes skip it
