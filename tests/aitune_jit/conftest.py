@@ -45,3 +45,14 @@ def jit_clean_state(tmp_path):
     assert torch.nn.Module.__call__ is ORIGINAL_CALL, "a test leaked the JIT patch"
     # (dynamo wraps Module.__init__ for good the first time it compiles; only aitune's scope wrapper must be gone)
     assert not getattr(torch.nn.Module.__init__, "__aitune_jit_scope__", False), "a test leaked a decorator scope"
+
+
+@pytest.fixture
+def background():
+    """Background tuning (the worker), with the counting backend and no graph-break probe."""
+    jit_config.blocking = False
+    jit_config.backends = [CountingBackend()]
+    jit_config.detect_graph_breaks = False
+    jit_config.min_parameters = 0
+    yield
+    wait_until_tuned(timeout=30)

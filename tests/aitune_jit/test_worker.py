@@ -18,16 +18,6 @@ from aitune_jit.switch import enable
 from aitune_jit.worker import wait_until_tuned
 
 
-@pytest.fixture
-def background():
-    jit_config.blocking = False
-    jit_config.backends = [CountingBackend()]
-    jit_config.detect_graph_breaks = False
-    jit_config.min_parameters = 0
-    yield
-    wait_until_tuned(timeout=30)
-
-
 def _timed_calls(model: torch.nn.Module, batches: list[int]) -> list[float]:
     durations = []
     generator = torch.Generator().manual_seed(1)

@@ -5,7 +5,6 @@ Both are per thread, and the worker's thread has neither: `aitune_core/specs/rep
 
 from __future__ import annotations
 
-import pytest
 import torch
 from jit_helpers import CountingBackend, make_mlp
 
@@ -14,16 +13,6 @@ from aitune_jit.patched_module import PatchedModule
 from aitune_jit.state import NodeState
 from aitune_jit.switch import enable
 from aitune_jit.worker import wait_until_tuned
-
-
-@pytest.fixture
-def background():
-    jit_config.blocking = False
-    jit_config.backends = [CountingBackend()]
-    jit_config.detect_graph_breaks = False
-    jit_config.min_parameters = 0
-    yield
-    wait_until_tuned(timeout=30)
 
 
 def _autocast_run(model: torch.nn.Module, batches: list[int], cast: list[bool]) -> list[torch.Tensor]:
