@@ -46,12 +46,19 @@ def _known(device_types: Sequence[str]) -> tuple[str, ...]:
 
 
 _DEVICE_TYPES = _known(_CANDIDATE_TYPES)
-_any_enabled = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
+def _any_enabled_by_type() -> bool:
+    return any(torch.is_autocast_enabled(device_type) for device_type in _DEVICE_TYPES)
+
+
+#: `any_autocast()`: whether autocast is on for any device type on this thread (one call into torch where it can)
+any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or _any_enabled_by_type
 
 
 def current_autocast() -> AutocastState:
     """The calling thread's autocast state: `(device type, dtype name)` per enabled device type, or `()`."""
-    if _any_enabled is not None and not _any_enabled():
+    if not any_autocast():
         return NO_AUTOCAST
     return tuple(
         (device_type, str(torch.get_autocast_dtype(device_type)).removeprefix("torch."))

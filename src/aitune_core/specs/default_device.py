@@ -23,9 +23,13 @@ import torch
 _DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu", "meta")
 
 
+#: `function_modes()`: how many torch function modes this thread has (a device context is one); 0 means none
+function_modes = torch._C._len_torch_function_stack
+
+
 def current_default_device() -> str | None:
     """The calling thread's default device as a string (`"cuda:0"`), or None for the CPU."""
-    if not torch._C._len_torch_function_stack():
+    if not function_modes():
         return None
     device = torch.get_default_device()
     return None if device.type == "cpu" else str(device)

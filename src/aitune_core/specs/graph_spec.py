@@ -18,13 +18,14 @@ import torch
 from aitune_core.specs.autocast_state import (
     NO_AUTOCAST,
     AutocastState,
+    any_autocast,
     autocast_from_json,
     autocast_to_json,
     current_autocast,
     describe_autocast,
 )
 from aitune_core.specs.binding import Binder
-from aitune_core.specs.default_device import current_default_device, default_device_from_json
+from aitune_core.specs.default_device import current_default_device, default_device_from_json, function_modes
 from aitune_core.specs.sample_metadata import SampleMetadata, constant_key
 from aitune_core.specs.tree import TENSOR, flatten_values
 
@@ -57,6 +58,7 @@ class GraphSpec:
     default_device: str | None = None
     _tensor_checks: tuple[_TensorCheck, ...] = field(init=False, repr=False, compare=False, hash=False)
     _const_checks: tuple[tuple[int, Any], ...] = field(init=False, repr=False, compare=False, hash=False)
+    _plain_thread: bool = field(init=False, repr=False, compare=False, hash=False)  # no autocast, no default device
     # call layouts (positional arity, keyword names in order) of accepted calls made only of plain tensors,
     # mapped to where each checked input tensor sits in such a call: later calls with the same layout skip
     # binding and flattening (see `accepts`)
@@ -79,6 +81,7 @@ class GraphSpec:
                 const_checks.append((index, constant_key(value)))
         object.__setattr__(self, "_tensor_checks", tuple(tensor_checks))
         object.__setattr__(self, "_const_checks", tuple(const_checks) if self.strict else ())
+        object.__setattr__(self, "_plain_thread", not self.autocast and self.default_device is None)
 
     # -- identity & dispatch --------------------------------------------------------------------
     def identity(self) -> tuple[Any, ...]:
@@ -98,7 +101,10 @@ class GraphSpec:
         from forward's defaults), so only the tensor checks can differ. A call under another autocast state
         or default device is never accepted.
         """
-        if current_autocast() != self.autocast or current_default_device() != self.default_device:
+        if any_autocast() or function_modes():  # (two calls into torch: the common thread has neither)
+            if current_autocast() != self.autocast or current_default_device() != self.default_device:
+                return False
+        elif not self._plain_thread:
             return False
         layouts = self._fast_layouts
         if layouts:
