@@ -215,6 +215,18 @@ class NodeTransitions:
         elif not reopen:
             self._close_children()
 
+    def _record_again(self, reason: str) -> None:
+        """The module changed while its first tuning ran (`stale_samples`): forget what was recorded and record its
+        calls anew, once; a second time it stays eager (its children are tuned), as any failed tuning does."""
+        if self.state is not NodeState.RECORDING or self._recorded_again or self.module is None:
+            self._go_eager(reason, reopen=True)
+            return
+        from aitune_core.recording.graph_recorder import GraphRecorder
+
+        self._recorded_again = True
+        self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
+        self._log(f"{self.short}: recording its calls again, the module changed while it was tuned ({reason})")
+
     def _go_dry_run(self, message: str) -> None:
         """Dry run: log what tuning would do, keep the module as it is, and treat the subtree as covered."""
         self._drop_forward()
@@ -275,4 +287,5 @@ _APPLY: dict[Verdict, Callable[[NodeTransitions, TuningOutcome], None]] = {
     Verdict.DESCEND: lambda node, outcome: node._go_eager(str(outcome.reason), reopen=True, level=outcome.level),
     Verdict.DRY_RUN: lambda node, outcome: node._go_dry_run(str(outcome.reason)),
     Verdict.UNCHANGED: lambda node, outcome: None,
+    Verdict.RECORD_AGAIN: lambda node, outcome: node._record_again(str(outcome.reason)),
 }

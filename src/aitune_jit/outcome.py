@@ -41,6 +41,7 @@ class Verdict(enum.Enum):
     DESCEND = "descend"
     DRY_RUN = "dry_run"
     UNCHANGED = "unchanged"
+    RECORD_AGAIN = "record_again"  # the recorded calls went stale (`stale_samples`): record them anew
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,11 @@ class TuningOutcome:
         """The node stays eager for `reason`; with `reopen` its children are tuned instead (DESCEND)."""
         verdict = Verdict.DESCEND if reopen else Verdict.EAGER
         return cls(verdict, reason=reason, level=level, **noted)  # type: ignore[arg-type]
+
+    @classmethod
+    def record_again(cls, reason: str, **noted: object) -> TuningOutcome:
+        """Nothing was decided: the recorded calls no longer describe the module; a new recording starts."""
+        return cls(Verdict.RECORD_AGAIN, reason=reason, **noted)  # type: ignore[arg-type]
 
     @classmethod
     def dry_run(cls, message: str) -> TuningOutcome:
@@ -157,6 +163,7 @@ class OutcomeDraft:
         self.packaged: set[str] = set()
         self.upgrade_due: set[str] = set()
         self.upgraded: set[str] = set()
+        self.stale: set[str] = set()  # graphs whose recorded calls no longer match the module
 
     def _noted(self) -> dict[str, object]:
         return {"failed": MappingProxyType(dict(self.failed)), "retuned": frozenset(self.retuned),
@@ -166,6 +173,11 @@ class OutcomeDraft:
 
     def eager(self, reason: str, *, reopen: bool) -> TuningOutcome:
         return TuningOutcome.eager(reason, reopen=reopen, **self._noted())
+
+    def record_again(self, reason: str) -> TuningOutcome:
+        noted = self._noted()
+        noted["failed"] = MappingProxyType({})  # (nothing failed for good: the graphs are recorded anew)
+        return TuningOutcome.record_again(reason, **noted)
 
     def finish(self) -> TuningOutcome:
         """TUNED with the backends found, or UNCHANGED when there are none."""

@@ -84,6 +84,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         "_pending",
         "_proxy",
         "_quiet",
+        "_recorded_again",
         "_recorder",
         "_slot",
         "_started",
@@ -125,6 +126,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         self._forward_fn: Callable[..., Any] | None = None
         self._slot: ForwardSlot | None = None
         self._recorder: GraphRecorder | None = None
+        self._recorded_again = False  # the calls were recorded anew once after the module changed (`_record_again`)
         self._entries: list[tuple[GraphSpec, Backend]] = []
         self._dispatcher: GraphDispatcher | None = None
         self._failed: dict[str, str] = {}

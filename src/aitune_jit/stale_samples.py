@@ -7,7 +7,8 @@ the recorded outputs are the old weights' (a reviewer's hot-reload server: "outp
 module's output", relative L2 error 1.3). Remembered, that failure kept the module and every identical sibling eager,
 and was written to the decision cache, so later processes never tuned it either. Before a validation failure is
 remembered, `recorded_calls_stale` runs the original module on the graph's first recorded call: when it no longer
-gives the recorded output, the failure says so and is neither shared nor stored.
+gives the recorded output, the failure says so and is neither shared nor stored, and a node whose first tuning
+failed only so records its calls anew, once (`TuningOutcome.record_again`), to be tuned with the new weights.
 """
 
 from __future__ import annotations

@@ -237,7 +237,10 @@ def _decide(
 
     if draft.entries or not first:
         return draft.finish()
-    return draft.eager("; ".join(f for f in failures if f) or "nothing could be tuned", reopen=True)
+    reason = "; ".join(f for f in failures if f) or "nothing could be tuned"
+    if draft.stale and len(draft.stale) == len(failures):  # every graph failed on outputs recorded before a change
+        return draft.record_again(reason)
+    return draft.eager(reason, reopen=True)
 
 
 def _compile_finds_breaks(strategy: Any) -> bool:
@@ -283,6 +286,7 @@ def _tune_graph(
         cause = f"{type(exc).__name__}: {exc}"
         if _validation_failed(exc) and recorded_calls_stale(job):
             cause = f"{cause}; {STALE}"
+            draft.stale.add(spec.name)
         else:
             decisions.remember_eager(key, node, spec, cause, reopen=True,
                                      persist=not isinstance(exc, NotFasterThanEagerError))

@@ -1,4 +1,5 @@
-"""A module changed while it is tuned: its candidates' validation failure is neither shared nor stored."""
+"""A module changed while it is tuned: its candidates' validation failure is neither shared nor stored, and its
+calls are recorded anew."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from jit_helpers import CountingBackend, WrongValuesBackend, make_mlp, run
 from aitune_jit.config import jit_config
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.stale_samples import STALE
+from aitune_jit.state import NodeState
 from aitune_jit.switch import enable
 from aitune_jit.worker import wait_until_tuned
 
@@ -47,9 +49,12 @@ def test_weights_reloaded_during_a_job_leave_no_eager_decision_behind():
     finally:
         CountingBackend._build = original_build
     node = PatchedModule.of(model)
-    assert STALE in (node.reason or "") or any(STALE in h for h in PatchedModule.history), PatchedModule.history
-    assert _stored("eager") == []
+    assert any(STALE in h and "recording its calls again" in h for h in PatchedModule.history), PatchedModule.history
+    assert node.state is NodeState.RECORDING and _stored("eager") == []
     torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(seed=1), [2, 3]))  # the new weights' answers
+    assert wait_until_tuned(timeout=30)
+    assert node.state is NodeState.TUNED, node.reason  # tuned from the calls recorded with the new weights
+    torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(seed=1), [2, 3]))
 
 
 def test_a_backend_that_is_wrong_on_an_unchanged_module_is_still_remembered():
