@@ -267,3 +267,22 @@ def test_while_the_pause_is_held_every_call_is_the_originals(tmp_path):
     assert served == []
     dispatcher(x)
     assert served == [1]
+
+
+def test_a_call_inside_vmap_that_the_backend_cannot_run_blames_nothing(tmp_path):
+    """torch runs no compiled function under a `torch.func` transform: such a call is the original forward's, and
+    the backend keeps serving plain calls (before, one `torch.vmap(model)` sent the module to eager for good)."""
+    model, spec, backend, fallback, _calls = _setup(tmp_path)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("torch.func.vmap of a compiled function is not supported")
+
+    backend._infer = refuse
+    blamed = []
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", on_backend_error=lambda b, e: blamed.append(e))
+    batches = torch.randn(3, 4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.vmap(dispatcher)(batches), torch.vmap(model)(batches))
+        assert blamed == []
+        dispatcher(torch.randn(4, 8))  # outside a transform the same failure is the backend's
+    assert len(blamed) == 1

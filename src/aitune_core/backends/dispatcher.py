@@ -18,7 +18,9 @@ otherwise the handler - the caller's policy (the JIT drops that backend, the AOT
 backend and the exception, and the original's output is the call's answer. Errors of the fallback itself always
 propagate. One error blames nobody: dynamo refuses to run a compiled function while FX tracing is in progress
 anywhere in the process (torch keeps that flag process-wide, and the background worker traces while requests run);
-such a call is answered by the original forward and the backend keeps serving. Every call is the original
+such a call is answered by the original forward and the backend keeps serving; so is a call made inside a
+`torch.func` transform (`torch.vmap(model)`, `torch.func.grad`), which torch does not run compiled functions under
+(before, one `vmap` call sent the module to eager for good). Every call is the original
 forward's while an FX trace runs anywhere in the process (torch's process-wide flag: AOTAutograd's make_fx of a
 tuning job, an export) and while `dispatch_pause` is held (the worker exports a graph): a compiled backend called
 then could recompile on the caller's thread, trace into FX's patched module call and fail (seen on an H100).
@@ -32,6 +34,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
 import torch.fx._symbolic_trace as _fx_trace
 
 from aitune_core.backends.dispatch_pause import HOLDERS as PAUSE_HOLDERS
@@ -49,6 +52,12 @@ if TYPE_CHECKING:
 
 _logger = get_logger("dispatch")
 _NUMBERS = re.compile(r"\d+")
+
+
+def _functorch_transforms_active() -> bool:
+    """Whether the call runs inside a `torch.func` transform (vmap, grad, jvp): only asked after a backend failed."""
+    check = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(check()) if check is not None else False
 
 
 class GraphDispatcher:
@@ -134,8 +143,10 @@ class GraphDispatcher:
         try:
             return backend.infer(*args, **kwargs)
         except Exception as exc:
-            if refused_while_another_thread_traces(exc):
-                return self._original(*args, **kwargs)  # nothing wrong with the backend: no blame, no warning
+            if refused_while_another_thread_traces(exc) or _functorch_transforms_active():
+                # nothing wrong with the backend (a compiled function under `torch.vmap`/`torch.func.grad` is not
+                # supported by torch): no blame, no warning; later plain calls are served by it again
+                return self._original(*args, **kwargs)
             try:
                 output = self._original(*args, **kwargs)
             except Exception as own_error:
