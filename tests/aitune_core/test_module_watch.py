@@ -151,3 +151,15 @@ def test_a_watch_does_not_keep_replaced_weights_alive():
     watch.review(refit)
     gc.collect()
     assert old() is None
+
+
+def test_a_backend_that_pins_its_output_dtypes_is_blocked_after_a_dtype_change():
+    net = _net()
+    pinned, follows = _Backend(bakes=False), _Backend(bakes=False)
+    pinned.pins_output_dtypes = True  # (Inductor under its own autocast casts back to the dtypes of tune time)
+    watch = ModuleWatch(net, [pinned, follows])
+    _calls, refit = _refits()
+    assert watch.review(refit).clean
+    net.double()
+    assert watch.stale()
+    assert watch.review(refit).blocked == frozenset({id(pinned)})

@@ -178,6 +178,13 @@ class Backend(ABC):
         return False
 
     @property
+    def pins_output_dtypes(self) -> bool:
+        """True when the backend casts its outputs to the dtypes recorded at build time (Inductor under its own
+        autocast): after the module's dtypes change (`.double()`), those are no longer what the module returns, so
+        its calls go to the original forward (`ModuleWatch`). False for backends whose outputs follow the module."""
+        return False
+
+    @property
     def traces_whole_graph(self) -> bool:
         """True when a successful build proves that dynamo traced the module as one graph (a `fullgraph` compile):
         JIT tuning then skips its separate graph-break check, which would trace the module once more

@@ -114,7 +114,8 @@ class ModuleSnapshot:
 @dataclass
 class Verdict:
     """What the backends may do now: `divert` names why the original module answers every call (None: the
-    backends may serve); `blocked` are the baked-weight backends still waiting for a refit."""
+    backends may serve); `blocked` are the baked-weight backends still waiting for a refit, and backends that pin
+    their output dtypes while the module's dtypes differ from tune time."""
 
     divert: str | None = None
     blocked: frozenset[int] = field(default_factory=frozenset)  # id(backend)
@@ -127,8 +128,8 @@ class Verdict:
 class ModuleWatch:
     """Watches one tuned module for the backends in `backends` (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_module_ref", "_noted", "_seen", "_tuned",
-                 "_verdict", "_versions", "name")
+    __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_module_ref", "_noted", "_pinned", "_seen",
+                 "_tuned", "_verdict", "_versions", "name")
 
     def __init__(
         self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "", previous: ModuleWatch | None = None
@@ -144,7 +145,9 @@ class ModuleWatch:
         self.name = name
         current = ModuleSnapshot.take(module)
         self._tuned = previous._tuned if previous is not None else current
+        backends = list(backends)
         self._baked = [b for b in backends if b.bakes_weights]
+        self._pinned = [b for b in backends if getattr(b, "pins_output_dtypes", False)]
         # per baked backend, the snapshot of the weights it holds now
         inherited = previous._baselines if previous is not None else {}
         self._baselines: dict[int, ModuleSnapshot] = {id(b): inherited.get(id(b), current) for b in self._baked}
@@ -187,6 +190,11 @@ class ModuleWatch:
                 self._note(f"refit-{key}", f"{backend.describe()} refit to the module's current weights")
             else:
                 blocked.add(key)
+        if current.layouts != self._tuned.layouts:  # `.double()` after tuning: pinned output dtypes went wrong
+            for backend in self._pinned:
+                blocked.add(id(backend))
+                self._note(f"pinned-{id(backend)}", f"{backend.describe()} casts its outputs to the dtypes of tune "
+                           "time, and the module's dtypes changed: the original module answers its calls")
         self._verdict = Verdict(divert=divert, blocked=frozenset(blocked))
         if divert is not None:
             self._note(divert, f"the original module answers while {divert}")

@@ -212,6 +212,10 @@ class TorchInductorBackend(Backend):
     def traces_whole_graph(self) -> bool:
         return bool(self.config.fullgraph)
 
+    @property
+    def pins_output_dtypes(self) -> bool:
+        return bool(self.config.autocast_enabled)  # (`_restore_output_dtypes`)
+
     def tolerance(self, dtype: torch.dtype) -> Any:
         """With autocast, floating outputs are computed in the autocast dtype: validate with its tolerance."""
         from aitune_core.validation.tolerance import default_tolerance
