@@ -24,6 +24,7 @@ import torch
 from aitune_core.errors import NotReplayableError
 from aitune_core.recording.argument_watch import ArgumentWatch
 from aitune_core.recording.module_effects import ModuleEffects
+from aitune_core.recording.outside_effects import OutsideEffects
 from aitune_core.recording.sample import owned_inputs
 from aitune_core.validation.tensor_slots import tensor_slots
 from aitune_jit.config import jit_config
@@ -48,12 +49,18 @@ class NodeRecording:
         if self._tuning and self._seen_enough(args, kwargs):  # during its job only new graphs are recorded
             return forward(*args, **kwargs)
         watch = self._watch(args, kwargs)
-        effects = self._effects()
         before = self._copy_before(args, kwargs) if self._stateful else None
-        output = forward(*args, **kwargs)
+        effects = self._effects()
+        try:
+            output = forward(*args, **kwargs)
+        except BaseException:
+            for effect in effects:
+                effect.abandon()
+            raise
         interrupted: BaseException | None = None
         try:
-            changed = effects.changes() if effects is not None else None
+            changes = [effect.changes() for effect in effects]  # (every watch ends, whichever saw a change)
+            changed = next((change for change in changes if change is not None), None)
             if changed is not None:
                 self._effects_changed(changed)
                 return output  # (a call that changed the module is not replayed)
@@ -77,22 +84,30 @@ class NodeRecording:
             _logger.debug("%s: cannot watch the arguments of this call (%r)", self.path, exc)
             return None
 
-    def _effects(self) -> ModuleEffects | None:
-        """A fingerprint of the module and the random streams before this call (`ModuleEffects`), or None on the
-        node's first call: a forward may set up caches of its own then (a lazily built table), which later calls,
-        and replays, leave as they are."""
+    def _effects(self) -> tuple[ModuleEffects | OutsideEffects, ...]:
+        """Fingerprints of the module, the random streams (`ModuleEffects`) and what lies outside the module
+        (`OutsideEffects`: globals, class attributes, printing and logging) before this call; none on the node's
+        first call: a forward may set up caches of its own then (a lazily built table, a warning logged once),
+        which later calls, and replays, leave as they are."""
         recorder, module = self._recorder, self.module
         if recorder is None or module is None or recorder.total_calls == 0:
-            return None
+            return ()
         try:
-            return ModuleEffects.before(module)
+            inside = ModuleEffects.before(module)
         except Exception as exc:
             _logger.debug("%s: cannot fingerprint the module before this call (%r)", self.path, exc)
-            return None
+            return ()
+        try:
+            return (inside, OutsideEffects.before(module))
+        except Exception as exc:
+            _logger.debug("%s: cannot fingerprint what lies outside the module before this call (%r)", self.path,
+                          exc)
+            return (inside,)
 
     def _effects_changed(self, changed: str) -> None:
-        """A recorded call changed the module or drew random numbers (`ModuleEffects`). The second such call makes
-        the node not replayable; one alone may be another thread of the program drawing at the same moment."""
+        """A recorded call changed the module, drew random numbers (`ModuleEffects`), or changed something outside
+        the module (`OutsideEffects`). The second such call makes the node not replayable; one alone may be another
+        thread of the program drawing (or printing) at the same moment."""
         if self._effects_seen is None:
             self._effects_seen = changed
             _logger.debug("%s: a recorded call %s; not recorded", self.path, changed)

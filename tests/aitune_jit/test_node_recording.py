@@ -159,3 +159,34 @@ def test_one_call_that_draws_is_not_enough_to_give_up():
         for _ in range(3):
             model(torch.randn(2, 32))
     assert node.state is NodeState.TUNED
+
+
+PRINTED_CALLS = 0
+
+
+class _Chatty(torch.nn.Module):
+    """A forward that prints and counts its calls in a global: replays would print and count again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = make_mlp()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        global PRINTED_CALLS
+        PRINTED_CALLS += 1
+        print("call", PRINTED_CALLS)
+        return self.body(x)
+
+
+def test_a_forward_that_prints_and_counts_in_a_global_is_not_replayed(capsys):
+    _setup()
+    model = _Chatty().eval()
+    enable()
+    with torch.no_grad():
+        for _ in range(6):
+            model(torch.randn(2, 32))
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.EAGER and "prints or logs" in node.reason
+    assert PRINTED_CALLS == 6
+    assert capsys.readouterr().out.splitlines() == [f"call {n}" for n in range(1, 7)]
+    assert node.children and all(child.state is not NodeState.EAGER for child in node.children)

@@ -41,7 +41,7 @@ def _is_bookkeeping(key: str) -> bool:
     return key in _BOOKKEEPING or "hook" in key or key.startswith("_aitune")
 
 
-def _tensor(value: torch.Tensor) -> tuple[Any, ...]:
+def tensor_fingerprint(value: torch.Tensor) -> tuple[Any, ...]:
     try:
         return ("tensor", id(value), value._version)
     except RuntimeError:  # inference tensors track no version counter
@@ -50,7 +50,7 @@ def _tensor(value: torch.Tensor) -> tuple[Any, ...]:
 
 def _value(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return _tensor(value)
+        return tensor_fingerprint(value)
     if isinstance(value, _SIMPLE):
         return ("value", type(value), value)
     if isinstance(value, _SIZED):
@@ -66,7 +66,7 @@ def _module_state(module: torch.nn.Module) -> dict[tuple[str, str], Any]:
                 state[(name, key)] = _value(value)
         for table in ("_parameters", "_buffers"):
             for key, tensor in getattr(sub, table, {}).items():
-                state[(name, key)] = _tensor(tensor) if tensor is not None else None
+                state[(name, key)] = tensor_fingerprint(tensor) if tensor is not None else None
     return state
 
 
@@ -98,6 +98,9 @@ class ModuleEffects:
     @classmethod
     def before(cls, module: torch.nn.Module) -> ModuleEffects:
         return cls(module, _module_state(module), _random_states())
+
+    def abandon(self) -> None:
+        """Nothing to end (the call raised; `OutsideEffects` has a watch to end)."""
 
     def changes(self) -> str | None:
         """What the call changed, in words ("its attribute `calls`", "torch's random generator"), or None."""

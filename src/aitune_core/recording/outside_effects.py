@@ -1,0 +1,210 @@
+"""`OutsideEffects`: what one call of a module did outside the module and its arguments - to the globals its
+forwards read, to its classes' attributes, and to what the program prints or logs.
+
+Why it exists: tuning replays recorded calls (the eager timings, a compile's warm-up, validation), and
+`ModuleEffects` and `ArgumentWatch` only see the module and the call's arguments. A script whose forward printed
+the batch size, counted its calls in a global and appended to a global list, called 30 times under the JIT in
+blocking mode (this CPU, 2026-11-26), printed 476 lines instead of 30 and read 476 calls and 476 list items:
+each replay did it again. Such a forward is not replayed, so its module is not tuned (its children still can be;
+dynamo would break the graph at `print` anyway).
+
+What is fingerprinted before the call and compared after it:
+
+- the globals of every Python module that defines the `forward` of a module in the tree, by name: simple values
+  by value (a counter), tensors by identity and version counter (a running statistic kept outside the module),
+  lists and deques by identity and length (a log of calls), anything else by identity (a rebinding). Dictionaries
+  and sets count by identity only: a forward that fills a cache keyed by shape (a mask per length) is common,
+  and replaying it fills nothing new. Dunder names (`__warningregistry__`, which `warnings.warn` fills) are left
+  out;
+- the attributes of the module classes themselves (`type(self).calls += 1`), the same way;
+- text written to `sys.stdout` or `sys.stderr` by the calling thread, and log records made on it (outside
+  aitune's own loggers), while the call ran: `_OutputRoute` stands in for both streams and for the log record
+  factory while any watch runs, passes everything on unchanged, and counts only the watching threads' writes.
+
+A watch must end: `changes()` ends it, and `abandon()` does when the forward raised.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import functools
+import logging
+import sys
+import threading
+from typing import Any
+
+import torch
+
+from aitune_core.recording.module_effects import tensor_fingerprint
+
+_SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
+_LOGS = (list, bytearray, collections.deque)
+
+
+def _fingerprint(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return tensor_fingerprint(value)
+    if isinstance(value, _SIMPLE):
+        return ("value", type(value), value)
+    if isinstance(value, _LOGS):
+        return ("sized", id(value), len(value))
+    return ("object", id(value))
+
+
+def _namespaces(module: torch.nn.Module) -> dict[str, Any]:
+    """Where a replay of `module` could write: label -> a namespace (a module's globals, a class's attributes)."""
+    spaces: dict[str, Any] = {}
+    for sub in module.modules():
+        for klass in type(sub).__mro__:
+            if klass.__module__.startswith("torch.") or klass is object:
+                continue
+            spaces.setdefault(f"class {klass.__qualname__}", klass.__dict__)
+            for function in _unwrapped(klass.__dict__.get("forward")):
+                namespace = function.__globals__
+                spaces.setdefault(f"module {namespace.get('__name__', '?')}", namespace)
+    return spaces
+
+
+def _unwrapped(forward: Any) -> list[Any]:
+    """`forward` and the functions its decorators wrap (`__wrapped__`, as `functools.wraps` leaves it): each
+    has the globals of the file that defines it."""
+    functions = []
+    while hasattr(forward, "__globals__") and len(functions) < 8 and forward not in functions:
+        functions.append(forward)
+        forward = getattr(forward, "__wrapped__", None)
+    return functions
+
+
+def _state(spaces: dict[str, Any]) -> dict[tuple[str, str], Any]:
+    state: dict[tuple[str, str], Any] = {}
+    for label, namespace in spaces.items():
+        for name, value in list(namespace.items()):
+            if isinstance(name, str) and not (name.startswith("__") and name.endswith("__")):
+                state[(label, name)] = _fingerprint(value)
+    return state
+
+
+class _CountingStream:
+    """`sys.stdout` or `sys.stderr` while watches run: every write goes on to the stream it stands in for."""
+
+    def __init__(self, target: Any, route: _OutputRoute) -> None:
+        self._target = target
+        self._route = route
+
+    def write(self, text: str) -> int:
+        self._route.note()
+        return self._target.write(text)
+
+    def writelines(self, lines: Any) -> None:
+        self._route.note()
+        self._target.writelines(lines)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+class _OutputRoute:
+    """Counts what watching threads print and log (see the module docstring); installed while any watch runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active: dict[int, int] = {}  # thread -> watches running on it
+        self._events: collections.Counter[int] = collections.Counter()  # thread -> writes and records so far
+        self._streams: dict[str, _CountingStream] = {}
+        self._factory: functools.partial | None = None  # the stand-in record factory, while installed
+
+    def note(self) -> None:
+        ident = threading.get_ident()
+        if ident in self._active:
+            self._events[ident] += 1
+
+    def start(self) -> int:
+        ident = threading.get_ident()
+        with self._lock:
+            if not self._active:
+                self._install()
+            self._active[ident] = self._active.get(ident, 0) + 1
+            return self._events[ident]
+
+    def stop(self) -> int:
+        ident = threading.get_ident()
+        with self._lock:
+            count = self._events[ident]
+            left = self._active.get(ident, 0) - 1
+            if left > 0:
+                self._active[ident] = left
+            else:
+                self._active.pop(ident, None)
+                self._events.pop(ident, None)
+            if not self._active:
+                self._uninstall()
+            return count
+
+    def _install(self) -> None:
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is not None:
+                self._streams[name] = _CountingStream(stream, self)
+                setattr(sys, name, self._streams[name])
+        self._factory = functools.partial(self._record, logging.getLogRecordFactory())
+        logging.setLogRecordFactory(self._factory)
+
+    def _uninstall(self) -> None:
+        for name, proxy in self._streams.items():
+            if getattr(sys, name) is proxy:  # (a stream the program set since is the program's: kept)
+                setattr(sys, name, proxy._target)
+        self._streams = {}
+        if self._factory is not None and logging.getLogRecordFactory() is self._factory:
+            logging.setLogRecordFactory(self._factory.args[0])
+        self._factory = None
+
+    def _record(self, factory: Any, *args: Any, **kwargs: Any) -> logging.LogRecord:
+        """The record `factory` (the one this route stood in for) makes; noted unless aitune logs it."""
+        record = factory(*args, **kwargs)
+        if not str(record.name).startswith("aitune"):
+            self.note()
+        return record
+
+
+_ROUTE = _OutputRoute()
+
+
+class OutsideEffects:
+    """The fingerprint of what a call of `module` could change outside it, taken before the call."""
+
+    __slots__ = ("_events", "_spaces", "_state")
+
+    def __init__(self, spaces: dict[str, Any]) -> None:
+        self._spaces = spaces
+        self._state = _state(spaces)
+        self._events: int | None = _ROUTE.start()
+
+    @classmethod
+    def before(cls, module: torch.nn.Module) -> OutsideEffects:
+        return cls(_namespaces(module))
+
+    def abandon(self) -> None:
+        """End the watch without looking (the call raised)."""
+        if self._events is not None:
+            _ROUTE.stop()
+            self._events = None
+
+    def changes(self) -> str | None:
+        """What the call did outside the module, in words ("prints or logs", "changes the global `calls` of module
+        __main__"), or None. Ends the watch."""
+        if self._events is None:
+            return None
+        events, self._events = self._events, None
+        if _ROUTE.stop() != events:
+            return "prints or logs"
+        now = _state(self._spaces)
+        for (label, name), fingerprint in now.items():
+            if self._state.get((label, name), _MISSING) != fingerprint:
+                return f"changes `{name}` of {label}"
+        for label, name in self._state.keys() - now.keys():
+            return f"removes `{name}` of {label}"
+        return None
+
+
+_MISSING = object()

@@ -1,0 +1,148 @@
+"""aitune_core/recording/outside_effects.py: a call that prints, logs, or changes a global or a class attribute
+of the code its forwards come from is named; a pure call, a cache filled by shape, and another thread's printing
+are not; the stand-ins for stdout, stderr and the log record factory are put back after every watch."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from aitune_core.recording.outside_effects import OutsideEffects
+
+CALLS = 0
+SEEN: list[int] = []
+CACHE: dict[int, torch.Tensor] = {}
+TOTAL = torch.zeros(())
+_logger = logging.getLogger("tests.outside_effects")
+
+
+class _Net(nn.Module):
+    calls = 0
+
+    def __init__(self, effect: str = "") -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.effect = effect
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        global CALLS
+        effect = self.effect
+        if effect == "counter":
+            CALLS += 1
+        elif effect == "append":
+            SEEN.append(x.shape[0])
+        elif effect == "tensor":
+            TOTAL.add_(1)
+        elif effect == "class":
+            type(self).calls += 1
+        elif effect == "print":
+            print("batch", x.shape[0])
+        elif effect == "stderr":
+            sys.stderr.write("note\n")
+        elif effect == "log":
+            _logger.warning("batch %d", x.shape[0])
+        elif effect == "cache":
+            CACHE.setdefault(x.shape[0], torch.ones(x.shape[0]))
+        return self.fc(x)
+
+
+def _decorated(forward):
+    @functools.wraps(forward)
+    def wrapper(self, x):
+        return forward(self, x)
+
+    return wrapper
+
+
+class _Decorated(_Net):
+    forward = _decorated(_Net.forward)
+
+
+class _Outer(nn.Module):
+    def __init__(self, effect: str) -> None:
+        super().__init__()
+        self.inner = _Net(effect)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * 2
+
+
+def _change(module: nn.Module, x: torch.Tensor | None = None) -> str | None:
+    watch = OutsideEffects.before(module)
+    module(torch.randn(2, 4) if x is None else x)
+    return watch.changes()
+
+
+@pytest.mark.parametrize(("effect", "words"), [
+    ("counter", "`CALLS` of module "), ("append", "`SEEN`"), ("tensor", "`TOTAL`"),
+    ("class", "`calls` of class _Net"), ("print", "prints or logs"), ("stderr", "prints or logs"),
+    ("log", "prints or logs"),
+])
+def test_each_effect_outside_the_module_is_named(effect, words, capsys):
+    change = _change(_Net(effect))
+    assert change is not None and words in change, (effect, change)
+    assert _change(_Outer(effect)) is not None, "a submodule's effect is its parent's too"
+
+
+def test_a_forward_behind_a_decorator_is_followed_to_the_globals_of_its_own_file():
+    assert "`CALLS`" in (_change(_Decorated("counter")) or "")
+
+
+def test_a_pure_call_a_cache_filled_by_shape_and_a_disabled_log_level_are_no_change(caplog):
+    assert _change(_Net("")) is None
+    assert _change(_Net("cache"), torch.randn(7, 4)) is None, "a cache keyed by shape: replays fill nothing new"
+    with caplog.at_level(logging.ERROR, logger="tests.outside_effects"):
+        _logger.setLevel(logging.ERROR)
+        try:
+            assert _change(_Net("log")) is None, "a record below the logger's level is never made"
+        finally:
+            _logger.setLevel(logging.NOTSET)
+
+
+def test_the_streams_and_the_record_factory_are_put_back_and_print_reaches_the_program(capsys):
+    stdout, stderr, factory = sys.stdout, sys.stderr, logging.getLogRecordFactory()
+    outer = OutsideEffects.before(_Net())
+    inner = OutsideEffects.before(_Net())  # nested on the same thread: one stand-in
+    assert sys.stdout is not stdout
+    print("visible")
+    assert inner.changes() == "prints or logs" and sys.stdout is not stdout
+    assert outer.changes() == "prints or logs"
+    assert (sys.stdout, sys.stderr, logging.getLogRecordFactory()) == (stdout, stderr, factory)
+    assert capsys.readouterr().out == "visible\n"
+
+
+def test_a_watch_abandoned_after_a_raising_call_puts_everything_back():
+    stdout = sys.stdout
+    watch = OutsideEffects.before(_Net())
+    watch.abandon()
+    watch.abandon()
+    assert sys.stdout is stdout and watch.changes() is None
+
+
+def test_a_stream_the_program_set_meanwhile_is_kept(capsys):
+    stdout = sys.stdout
+    watch = OutsideEffects.before(_Net())
+    mine = open("/dev/null", "w")  # noqa: SIM115
+    try:
+        sys.stdout = mine
+        watch.changes()
+        assert sys.stdout is mine
+    finally:
+        sys.stdout = stdout
+        mine.close()
+
+
+def test_another_threads_printing_is_not_the_calls_doing(capsys):
+    watch = OutsideEffects.before(_Net())
+    thread = threading.Thread(target=print, args=("from another thread",))
+    thread.start()
+    thread.join()
+    _Net("")(torch.randn(2, 4))
+    assert watch.changes() is None
+    assert "from another thread" in capsys.readouterr().out
