@@ -267,33 +267,43 @@ def main() -> int:
         args.out.write_text(json.dumps(result, indent=1, default=str))
         print(f"results written to {args.out}")
         return 0 if all(row["ok"] for row in result["rows"]) else 1
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="aitune-real-") as scratch:
-        for workload in args.workloads:
-            plain = _run(workload, args, False, Path(scratch))
-            jit = _run(workload, args, True, Path(scratch))
-            row: dict[str, Any] = {"workload": workload, "plain_returncode": plain["returncode"],
-                                   "jit_returncode": jit["returncode"], "error_lines": jit["error_lines"],
-                                   "history": jit.get("history", []), "summary": jit.get("summary", []),
-                                   "stderr_tail": jit["stderr_tail"] or plain["stderr_tail"]}
-            if "observed" in plain and "observed" in jit:
-                replay = None
-                if workload == "unet":  # plain eager on the JIT run's own inputs, call by call
-                    replayed = _run(workload, args, False, Path(scratch), replay=jit["path"])
-                    replay = replayed.get("observed")
-                row["comparison"] = compare(workload, plain["observed"], jit["observed"], _judged_as(args), replay)
-                if args.background:
-                    row["jit_tuned_after_s"] = jit["observed"].get("tuned_after_s")
-                row["plain_timing"], row["jit_timing"] = _timing(plain["observed"]), _timing(jit["observed"])
-            row["ok"] = bool(row.get("comparison", {}).get("ok")) and not row["error_lines"]
-            rows.append(row)
-    _table(rows)
     now = dt.datetime.now(dt.timezone.utc)
     device = _device_name(args.device)
-    result = {"benchmark": "real_workloads.correctness", "date": now.isoformat(timespec="seconds"),
-              "device": device, "torch": torch.__version__, "git_commit": args.git_commit, "size": args.size,
-              "precision": args.precision, "autocast": args.autocast, "background_s": args.background or None,
-              "rows": rows}
+    out = _out_path(args, device, now)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="aitune-real-") as scratch:
+        for workload in args.workloads:
+            rows.append(_row(workload, args, Path(scratch)))
+            _write(out, args, device, now, rows, complete=False)  # (a run cut short keeps the rows it finished)
+            print(f"{workload}: {'same answers' if rows[-1]['ok'] else 'NOT OK'}", flush=True)
+    _table(rows)
+    _write(out, args, device, now, rows, complete=True)
+    print(f"results written to {out}")
+    return 0 if all(row["ok"] for row in rows) else 1
+
+
+def _row(workload: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
+    """One workload plainly and under the JIT, compared."""
+    plain = _run(workload, args, False, scratch)
+    jit = _run(workload, args, True, scratch)
+    row: dict[str, Any] = {"workload": workload, "plain_returncode": plain["returncode"],
+                           "jit_returncode": jit["returncode"], "error_lines": jit["error_lines"],
+                           "history": jit.get("history", []), "summary": jit.get("summary", []),
+                           "stderr_tail": jit["stderr_tail"] or plain["stderr_tail"]}
+    if "observed" in plain and "observed" in jit:
+        replay = None
+        if workload == "unet":  # plain eager on the JIT run's own inputs, call by call
+            replay = _run(workload, args, False, scratch, replay=jit["path"]).get("observed")
+        row["comparison"] = compare(workload, plain["observed"], jit["observed"], _judged_as(args), replay)
+        if args.background:
+            row["jit_tuned_after_s"] = jit["observed"].get("tuned_after_s")
+        row["plain_timing"], row["jit_timing"] = _timing(plain["observed"]), _timing(jit["observed"])
+    row["ok"] = bool(row.get("comparison", {}).get("ok")) and not row["error_lines"]
+    return row
+
+
+def _out_path(args: argparse.Namespace, device: str, now: dt.datetime) -> Path:
+    """Where the result goes: `--out`, or a new file named by device, variant and time (never an existing one)."""
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
     variant = f"{args.precision}{f'-autocast-{args.autocast}' if args.autocast else ''}"
     variant += "-background" if args.background else ""
@@ -301,9 +311,16 @@ def main() -> int:
     if args.out is None and out.exists():
         raise SystemExit(f"{out} exists; pass --out to choose another file")
     out.parent.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _write(out: Path, args: argparse.Namespace, device: str, now: dt.datetime, rows: list[dict[str, Any]],
+           complete: bool) -> None:
+    result = {"benchmark": "real_workloads.correctness", "date": now.isoformat(timespec="seconds"),
+              "device": device, "torch": torch.__version__, "git_commit": args.git_commit, "size": args.size,
+              "precision": args.precision, "autocast": args.autocast, "background_s": args.background or None,
+              "complete": complete, "workloads": args.workloads, "rows": rows}
     out.write_text(json.dumps(result, indent=1, default=str))
-    print(f"results written to {out}")
-    return 0 if all(row["ok"] for row in rows) else 1
 
 
 if __name__ == "__main__":

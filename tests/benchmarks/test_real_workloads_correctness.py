@@ -1,7 +1,12 @@
-"""benchmarks/real_workloads/correctness.py: how two greedy generations from one prompt are judged."""
+"""benchmarks/real_workloads/correctness.py: how two greedy generations from one prompt are judged, and a run cut
+short keeps the rows it finished."""
 
 from __future__ import annotations
 
+import json
+import sys
+
+import pytest
 import torch
 
 from benchmarks.real_workloads import correctness
@@ -44,3 +49,22 @@ def test_a_flip_with_a_clear_margin_or_wrong_scores_before_it_is_a_failure():
     tie = _generation([[1.0, 2.00, 1.99], [3.0, 0.0, 0.0]])
     drifted = _generation([[9.0, 1.99, 2.00], [0.0, 0.0, 3.0]])  # scores off before the flip
     assert not correctness.compare("gpt2", _result(tie), _result(drifted), "bf16")["ok"]
+
+
+def test_each_finished_workload_is_written_before_the_next_one_runs(tmp_path, monkeypatch):
+    """A device call that runs out of time still leaves the workloads it finished (an H100 run of four real-size
+    workloads lost all three it had finished when its time limit stopped the fourth)."""
+    out = tmp_path / "result.json"
+
+    def row(workload, args, scratch):
+        if workload == "bart":
+            raise KeyboardInterrupt  # (as a time limit's signal would stop it)
+        return {"workload": workload, "ok": True, "error_lines": []}
+
+    monkeypatch.setattr(correctness, "_row", row)
+    monkeypatch.setattr(sys, "argv", ["correctness.py", "--workloads", "gpt2", "t5", "bart", "--device", "cpu",
+                                      "--out", str(out)])
+    with pytest.raises(KeyboardInterrupt):
+        correctness.main()
+    written = json.loads(out.read_text())
+    assert written["complete"] is False and [r["workload"] for r in written["rows"]] == ["gpt2", "t5"]
