@@ -29,7 +29,7 @@ import torch
 
 from aitune_core import torchscript_slots
 from aitune_core.patch import Patch
-from aitune_jit import dynamo_module_call, job_rng, module_copies, runtime, summary
+from aitune_jit import compiling_flag, dynamo_module_call, job_rng, module_copies, runtime, summary
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.runtime import (
     CANDIDATE,
@@ -213,6 +213,7 @@ def install() -> None:
             dynamo_module_call.register(patched, original)
         module_copies.install()
         torchscript_slots.install()
+        compiling_flag.install()
         process.installed = True
         summary.register_atexit()
         _logger.debug("torch.nn.Module.__call__ patched for JIT tuning")
@@ -233,6 +234,7 @@ def uninstall() -> None:
             dynamo_module_call.unregister()
             module_copies.uninstall()
             torchscript_slots.uninstall()
+            compiling_flag.uninstall()
         PatchedModule.release_all()
         for module in list(_state.touched):
             module.__dict__.pop(NODE_ATTR, None)
