@@ -121,3 +121,22 @@ def test_a_process_forked_during_a_capture_gets_torchs_handlers_and_showwarning_
             os._exit(0 if dynamo.handlers == handlers and warnings.showwarning is show else 1)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _deprecated_argument() -> None:
+    warnings.warn("deprecated argument", FutureWarning, stacklevel=1)
+
+
+def test_a_warning_collected_first_is_still_shown_once_to_the_program(monkeypatch):
+    """A replay on the job thread warns at a place before the program does: Python's once-per-place record must
+    not swallow the program's own warning there."""
+    shown: list[str] = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, *args, **kwargs: shown.append(str(message)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("default")
+        with capture_torch_logs() as captured:
+            _deprecated_argument()  # the job's replay
+            assert _on_another_thread(_deprecated_argument) == []  # the program's call
+            assert _on_another_thread(_deprecated_argument) == []  # once per place, as without aitune
+    assert shown == ["deprecated argument"]
+    assert captured.lines == ["FutureWarning: deprecated argument"]
