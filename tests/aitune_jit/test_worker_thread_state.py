@@ -58,7 +58,9 @@ def test_calls_with_and_without_autocast_are_tuned_as_two_graphs(background, cap
     assert CountingBackend.infers == infers + 2
 
 
-_DEVICES_SEEN: list[str] = []
+#: call number -> default device; a dict, since a global dict that only grows is not taken for a forward's effect
+#: on the program (`aitune_core/recording/outside_effects.py`), where a list would keep the witness from replays
+_DEVICES_SEEN: dict[int, str] = {}
 
 
 class _DeviceWitness(torch.nn.Module):
@@ -69,7 +71,7 @@ class _DeviceWitness(torch.nn.Module):
         self.lin = torch.nn.Linear(32, 32)
 
     def forward(self, x):
-        _DEVICES_SEEN.append(torch.get_default_device().type)
+        _DEVICES_SEEN[len(_DEVICES_SEEN)] = torch.get_default_device().type
         return self.lin(x) * 2
 
 
@@ -91,4 +93,4 @@ def test_a_graph_called_under_a_default_device_is_replayed_under_it_on_the_worke
     assert wait_until_tuned(timeout=30)
     assert node.state is NodeState.TUNED or "faster than eager" in node.reason, node.reason  # (a slower backend)
     assert [spec.default_device for spec in specs] in ([], ["meta"])
-    assert len(_DEVICES_SEEN) > len(inputs) and set(_DEVICES_SEEN) == {"meta"}  # the replays too
+    assert len(_DEVICES_SEEN) > len(inputs) and set(_DEVICES_SEEN.values()) == {"meta"}  # the replays too
