@@ -25,6 +25,7 @@ import torch
 
 from aitune_core.backends.module_watch import submodule_hooks
 from aitune_core.errors import NotFasterThanEagerError, TuningFailedError, ValidationError
+from aitune_core.log import get_logger
 from aitune_core.module_info import module_device
 from aitune_core.specs.range_headroom import with_headroom
 from aitune_core.specs.replay_state import replaying
@@ -33,6 +34,7 @@ from aitune_core.torch_log_capture import capture_torch_logs
 from aitune_jit import decisions, packaging
 from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
+from aitune_jit.held_warnings import held_warnings
 from aitune_jit.node_registry import registry
 from aitune_jit.outcome import OutcomeDraft, TuningOutcome, Verdict, release_backend
 from aitune_jit.runtime import bypassed, is_installed
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from aitune_jit.outcome import TuningNode
 
 _logger = logging.getLogger("aitune.jit")
+_strategy_logger = get_logger("strategy")
 _log = registry.log
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 _SIMPLE_OUTPUTS = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum, type)
@@ -280,11 +283,19 @@ def _tune_graph(
     start = time.perf_counter()
     if spec.name in node.retune_due:
         draft.retuned.add(spec.name)
+    stale = False
     try:
-        report = strategy.run(job)
+        with held_warnings(_strategy_logger) as held:  # (a candidate's failure may be the stale samples', below)
+            try:
+                report = strategy.run(job)
+            except Exception as exc:
+                stale = _validation_failed(exc) and recorded_calls_stale(job)
+                if stale:
+                    held.demote()
+                raise
     except Exception as exc:
         cause = f"{type(exc).__name__}: {exc}"
-        if _validation_failed(exc) and recorded_calls_stale(job):
+        if stale:
             cause = f"{cause}; {STALE}"
             draft.stale.add(spec.name)
         else:

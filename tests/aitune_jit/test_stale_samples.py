@@ -1,8 +1,9 @@
-"""A module changed while it is tuned: its candidates' validation failure is neither shared nor stored, and its
-calls are recorded anew."""
+"""A module changed while it is tuned: its candidates' validation failure is neither shared nor stored, nor warned
+about as the backend's fault, and its calls are recorded anew."""
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import torch
@@ -28,7 +29,12 @@ def _background(backend) -> None:
     jit_config.min_parameters = 0
 
 
-def test_weights_reloaded_during_a_job_leave_no_eager_decision_behind():
+def _candidate_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and "❌ backend" in r.getMessage()]
+
+
+def test_weights_reloaded_during_a_job_leave_no_eager_decision_behind(caplog):
+    caplog.set_level(logging.DEBUG, logger="aitune")
     _background(CountingBackend())
     building = threading.Event()
     original_build = CountingBackend._build
@@ -51,13 +57,16 @@ def test_weights_reloaded_during_a_job_leave_no_eager_decision_behind():
     node = PatchedModule.of(model)
     assert any(STALE in h and "recording its calls again" in h for h in PatchedModule.history), PatchedModule.history
     assert node.state is NodeState.RECORDING and _stored("eager") == []
+    assert _candidate_warnings(caplog) == [], "the stale samples' failure is not the backend's: DEBUG only"
+    assert any("❌ backend" in r.getMessage() and r.levelno == logging.DEBUG for r in caplog.records)
     torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(seed=1), [2, 3]))  # the new weights' answers
     assert wait_until_tuned(timeout=30)
     assert node.state is NodeState.TUNED, node.reason  # tuned from the calls recorded with the new weights
     torch.testing.assert_close(run(model, [2, 3]), run(make_mlp(seed=1), [2, 3]))
 
 
-def test_a_backend_that_is_wrong_on_an_unchanged_module_is_still_remembered():
+def test_a_backend_that_is_wrong_on_an_unchanged_module_is_still_remembered(caplog):
+    caplog.set_level(logging.DEBUG, logger="aitune")
     _background(WrongValuesBackend())
     model = make_mlp()
     enable()
@@ -65,3 +74,4 @@ def test_a_backend_that_is_wrong_on_an_unchanged_module_is_still_remembered():
     assert wait_until_tuned(timeout=30)
     assert not any(STALE in h for h in PatchedModule.history)
     assert _stored("eager")  # the failure holds for this module: later processes skip it
+    assert len(_candidate_warnings(caplog)) == 1, "a backend that is wrong is warned about"
