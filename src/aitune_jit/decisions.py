@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +161,8 @@ def remember_eager(
     graph breaks and failures that follow from the module's code are stored."""
     if key is None:
         return
+    if persist and warnings_are_errors():
+        persist = False  # (see `warnings_are_errors`)
     try:
         decision = Decision(key=key, kind="eager", reason=reason, reopen=reopen, source=node.path,
                             module=node.short, graph=graph_label(spec))
@@ -167,6 +170,15 @@ def remember_eager(
         _logger.debug("decision of %s not kept", node.path, exc_info=True)
         return
     remember(key, decision, persist=persist)
+
+
+def warnings_are_errors() -> bool:
+    """The process turns some warnings into errors (`-W error`, `PYTHONWARNINGS=error`, a program's
+    `simplefilter("error")`): a compile then fails on a deprecation warning of torch's own (Inductor's
+    `torch.jit.script_method`), which says nothing about the module. Such an eager decision is kept for this
+    process only: stored, it kept the module eager in every later process of that cache, with or without the
+    option (seventh review, 2026-11-26)."""
+    return any(entry[0] == "error" for entry in warnings.filters)
 
 
 def graph_label(spec: GraphSpec) -> str:

@@ -189,6 +189,33 @@ def test_a_speed_verdict_is_shared_by_siblings_but_not_stored():
 
 
 
+def test_a_failure_in_a_process_that_turns_warnings_into_errors_is_not_stored():
+    """Under `-W error` a compile fails on a deprecation warning of torch's own: siblings of this process share
+    the verdict, the store keeps nothing (it kept the module eager in every later process)."""
+    import warnings
+
+    from aitune_core.errors import TuningFailedError
+    from aitune_core.strategies.strategy import TuneStrategy
+
+    class WarnsAsError(TuneStrategy):
+        calls = 0
+
+        def _tune(self, module, name, graph_spec, data, device, cache_dir):
+            WarnsAsError.calls += 1
+            raise TuningFailedError("DeprecationWarning: `torch.jit.script_method` is deprecated")
+
+    _siblings_only()
+    jit_config.strategy = WarnsAsError([CountingBackend()])
+    jit_config.skip_modules = ["MLP", "Sequential", "Linear", "LayerNorm", "ReLU"]
+    enable()
+    model = make_mlp(blocks=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        run(model, [2, 3])
+    assert WarnsAsError.calls == 1 and list(DecisionStore(jit_config.cache_dir).entries()) == []
+    assert PatchedModule.of(model.blocks[2]).state is NodeState.EAGER
+
+
 _fast = threading.local()
 
 
