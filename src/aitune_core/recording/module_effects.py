@@ -48,12 +48,14 @@ def tensor_fingerprint(value: torch.Tensor) -> tuple[Any, ...]:
         return ("tensor", id(value), None)
 
 
-def _value(value: Any) -> Any:
+def fingerprint(value: Any, sized: tuple[type, ...] = _SIZED) -> Any:
+    """A value as compared before and after a call: tensors by identity and version, simple values by value,
+    `sized` containers by identity and length, anything else by identity."""
     if isinstance(value, torch.Tensor):
         return tensor_fingerprint(value)
     if isinstance(value, _SIMPLE):
         return ("value", type(value), value)
-    if isinstance(value, _SIZED):
+    if isinstance(value, sized):
         return ("sized", id(value), len(value))
     return ("object", id(value))
 
@@ -63,7 +65,7 @@ def _module_state(module: torch.nn.Module) -> dict[tuple[str, str], Any]:
     for name, sub in module.named_modules(remove_duplicate=True):
         for key, value in vars(sub).items():
             if not _is_bookkeeping(key):
-                state[(name, key)] = _value(value)
+                state[(name, key)] = fingerprint(value)
         for table in ("_parameters", "_buffers"):
             for key, tensor in getattr(sub, table, {}).items():
                 state[(name, key)] = tensor_fingerprint(tensor) if tensor is not None else None
@@ -108,15 +110,26 @@ class ModuleEffects:
             if source in self._random and not _same(self._random[source], state):
                 return f"draws from {source}"
         now = _module_state(self._module)
-        for (name, key), fingerprint in now.items():
-            if self._state.get((name, key), _MISSING) != fingerprint:
-                return f"changes {_describe(name, key, fingerprint)}"
-        for name, key in self._state.keys() - now.keys():
+        difference = first_difference(self._state, now)
+        if difference is None:
+            return None
+        (name, key), removed = difference
+        if removed:
             return f"removes its attribute `{_qualified(name, key)}`"
-        return None
+        return f"changes {_describe(name, key, now[(name, key)])}"
 
 
 _MISSING = object()
+
+
+def first_difference(before: dict[Any, Any], now: dict[Any, Any]) -> tuple[Any, bool] | None:
+    """The first key whose fingerprint differs between two states, and whether it is gone; None when equal."""
+    for key, fingerprint in now.items():
+        if before.get(key, _MISSING) != fingerprint:
+            return key, False
+    for key in before.keys() - now.keys():
+        return key, True
+    return None
 
 
 def _qualified(name: str, key: str) -> str:

@@ -27,7 +27,6 @@ A watch must end: `changes()` ends it, and `abandon()` does when the forward rai
 from __future__ import annotations
 
 import collections
-import enum
 import functools
 import logging
 import sys
@@ -36,20 +35,9 @@ from typing import Any
 
 import torch
 
-from aitune_core.recording.module_effects import tensor_fingerprint
+from aitune_core.recording.module_effects import fingerprint, first_difference
 
-_SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
 _LOGS = (list, bytearray, collections.deque)
-
-
-def _fingerprint(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return tensor_fingerprint(value)
-    if isinstance(value, _SIMPLE):
-        return ("value", type(value), value)
-    if isinstance(value, _LOGS):
-        return ("sized", id(value), len(value))
-    return ("object", id(value))
 
 
 def _namespaces(module: torch.nn.Module) -> dict[str, Any]:
@@ -81,7 +69,7 @@ def _state(spaces: dict[str, Any]) -> dict[tuple[str, str], Any]:
     for label, namespace in spaces.items():
         for name, value in list(namespace.items()):
             if isinstance(name, str) and not (name.startswith("__") and name.endswith("__")):
-                state[(label, name)] = _fingerprint(value)
+                state[(label, name)] = fingerprint(value, _LOGS)
     return state
 
 
@@ -198,13 +186,8 @@ class OutsideEffects:
         events, self._events = self._events, None
         if _ROUTE.stop() != events:
             return "prints or logs"
-        now = _state(self._spaces)
-        for (label, name), fingerprint in now.items():
-            if self._state.get((label, name), _MISSING) != fingerprint:
-                return f"changes `{name}` of {label}"
-        for label, name in self._state.keys() - now.keys():
-            return f"removes `{name}` of {label}"
-        return None
-
-
-_MISSING = object()
+        difference = first_difference(self._state, _state(self._spaces))
+        if difference is None:
+            return None
+        (label, name), removed = difference
+        return f"{'removes' if removed else 'changes'} `{name}` of {label}"
