@@ -171,6 +171,23 @@ def test_unimportable_class_keeps_identity_and_falls_back_to_builtin():
     assert isinstance(rebuilt, dict) and torch.equal(rebuilt["x"], torch.zeros(1))
 
 
+def test_a_type_read_from_a_file_never_imports_a_module_and_must_be_its_kind(monkeypatch):
+    """A checkpoint's manifest is not trusted: an edited type path once ran `this`'s import (the Zen of Python
+    printed inside `aitune.torch.load`) and built `subprocess.Popen` from the file's values at every call."""
+    import sys
+
+    monkeypatch.delitem(sys.modules, "this", raising=False)
+    forged = TreeDef.from_dict({"kind": "dict", "type": "this:s", "keys": ["x"], "children": [{"kind": "tensor"}]})
+    assert forged.cls is None and "this" not in sys.modules
+    popen = TreeDef.from_dict({"kind": "list", "type": "subprocess:Popen",
+                               "children": [{"kind": "const"}, {"kind": "const"}]})
+    assert popen.cls is None
+    assert unflatten(popen, ["touch", "/tmp/never"]) == ["touch", "/tmp/never"]
+    ordered = TreeDef.from_dict({"kind": "dict", "type": "collections:OrderedDict", "keys": ["x"],
+                                 "children": [{"kind": "tensor"}]})
+    assert ordered.cls is OrderedDict, "a class of an imported module that is the kind it claims is kept"
+
+
 def test_unflatten_checks_leaf_count():
     _, td = flatten((torch.ones(1), torch.ones(1)))
     with pytest.raises(ValueError, match="2 leaves"):

@@ -23,15 +23,16 @@ namedtuple and ModelOutput fields; nested: `['inputs'][0].hidden`.
 deterministic order, and `unflatten(treedef, leaves)` rebuilds a value of the original container
 types (it accepts the `(locator, leaf)` pairs or the bare leaf values). `TreeDef` is hashable and
 compares by structure, so it can be part of a graph's identity; `to_dict` / `from_dict` carry it
-through JSON (classes are stored by import path and re-imported; a class that cannot be imported
-keeps its identity but is rebuilt as the nearest builtin container).
+through JSON (classes are stored by import path and looked up among the modules already imported, and only as
+the container kind they were stored as; a class not found keeps its identity but is rebuilt as the nearest builtin
+container).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import importlib
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -59,18 +60,43 @@ def type_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def import_type(path: str | None) -> type | None:
-    """The class at a `type_path`, or None when it cannot be imported (`<locals>` classes, moved modules)."""
+def import_type(path: str | None, kind: str | None = None) -> type | None:
+    """The class at a `type_path` among the modules already imported, or None (`<locals>` classes, moved modules,
+    a module not imported yet: the value is rebuilt as the nearest builtin container).
+
+    Paths come from files (a checkpoint's manifest, a JIT decision), which are not trusted: this never imports a
+    module (an edited path ran `this`'s import side effect inside `aitune.torch.load`), and with `kind` it
+    returns only a class that is such a container (an edited type of a list output built `subprocess.Popen` from
+    the file's values at every tuned call; eighth review, 2026-11-26)."""
     if not path:
         return None
     module_name, _, qualname = path.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    if obj is None:
+        return None
     try:
-        obj: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except Exception:
         return None
-    return obj if isinstance(obj, type) else None
+    if not isinstance(obj, type) or (kind is not None and not _fits(kind, obj)):
+        return None
+    return obj
+
+
+def _fits(kind: str, cls: type) -> bool:
+    """`cls` is a container of `kind` (what `_build` may construct from a file's values)."""
+    checks: dict[str, Callable[[type], bool]] = {
+        TUPLE: lambda c: issubclass(c, tuple),
+        LIST: lambda c: issubclass(c, list),
+        NAMEDTUPLE: lambda c: issubclass(c, tuple) and hasattr(c, "_fields"),
+        DICT: lambda c: issubclass(c, dict),
+        MAPPING: lambda c: issubclass(c, Mapping),
+        MODEL_OUTPUT: _is_model_output_type,
+        DATACLASS: dataclasses.is_dataclass,
+    }
+    check = checks.get(kind)
+    return check is not None and bool(check(cls))
 
 
 _KIND_CACHE: dict[type, str] = {}
@@ -198,7 +224,7 @@ class TreeDef:
             kind,
             tuple(cls.from_dict(c) for c in data.get("children", ())),
             tuple(_decode_key(k) for k in data.get("keys", ())),
-            import_type(type_name),
+            import_type(type_name, kind),
             type_name,
         )
 
