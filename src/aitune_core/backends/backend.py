@@ -185,6 +185,13 @@ class Backend(ABC):
         return False
 
     @property
+    def exports_graph(self) -> bool:
+        """True when the backend runs a program exported from one trace (ONNX, TensorRT): such a program can take
+        input values as given where the recorded calls never varied them, so validation also probes a padded mask
+        (`aitune_core.validation.value_probes`). False for backends that guard what they specialise (dynamo)."""
+        return False
+
+    @property
     def traces_whole_graph(self) -> bool:
         """True when a successful build proves that dynamo traced the module as one graph (a `fullgraph` compile):
         JIT tuning then skips its separate graph-break check, which would trace the module once more

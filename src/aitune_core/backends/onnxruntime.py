@@ -129,6 +129,10 @@ def numpy_dtype(dtype: torch.dtype) -> Any:
 class ONNXRuntimeBackend(Backend):
     """Runs an exported ONNX graph with ONNX Runtime; see the module docstring."""
 
+    @property
+    def exports_graph(self) -> bool:
+        return True
+
     config_class = ONNXRuntimeBackendConfig
     STATE_MODEL = "onnx_model"
     STATE_GRAPH_SPEC = "graph_spec"

@@ -220,6 +220,10 @@ class EngineRunner:
 class TensorRTBackend(Backend):
     """Runs a TensorRT engine built from the ONNX export of the graph; see the module docstring."""
 
+    @property
+    def exports_graph(self) -> bool:
+        return True
+
     config_class = TensorRTBackendConfig
     STATE_ENGINE = "engine"
     STATE_GRAPH_SPEC = "graph_spec"

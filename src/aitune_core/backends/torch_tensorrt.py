@@ -117,6 +117,10 @@ def trt_inputs(torch_trt: Any, graph_spec: GraphSpec, profiles: dict[str, ShapeR
 class TorchTensorRTBackend(Backend):
     """Compiles the graph with Torch-TensorRT; see the module docstring."""
 
+    @property
+    def exports_graph(self) -> bool:
+        return True
+
     config_class = TorchTensorRTBackendConfig
     STATE_GRAPH_SPEC = "graph_spec"
     STATE_PROFILES = "profiles"

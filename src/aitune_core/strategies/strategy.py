@@ -59,6 +59,7 @@ from aitune_core.specs.replay_state import replaying
 from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
 from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.validation.validator import validate_backend
+from aitune_core.validation.value_probes import check_value_probes
 
 if TYPE_CHECKING:
     from aitune_core.profiling import Measurement
@@ -398,6 +399,8 @@ class TuneStrategy(ABC):  # noqa: B024 - one of _tune / _tune_job is required: c
                     if self._correctness_check:
                         with progress(f"Validating {description}"):
                             validate_backend(backend, job.graph_spec, job.data)
+                            if backend.exports_graph:
+                                check_value_probes(backend, job)
                         report.validated = True
                         _logger.info("✅ backend validated")
                     if profile is not None:
