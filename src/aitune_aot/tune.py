@@ -101,8 +101,13 @@ def tune(
     if strategy is not None:
         validate_strategies(strategy, None)
     install_stderr_warnings()  # (its calls outside the tuned ranges warn once, visibly: see aitune_core.log)
-    if device is not None and (missing := unavailable(torch.device(device))) is not None:
-        raise ConfigError(f"tune(device={str(device)!r}): {missing}")  # (it tuned on the CPU without a word)
+    if device is not None:
+        try:
+            target = torch.device(device)
+        except (RuntimeError, TypeError) as exc:  # ("gpu": torch's own message named no argument)
+            raise ConfigError(f"tune(device={device!r}): not a torch device ({exc})") from None
+        if (missing := unavailable(target)) is not None:
+            raise ConfigError(f"tune(device={str(device)!r}): {missing}")  # (it tuned on the CPU without a word)
     sizes = validate_batch_sizes(batch_sizes)
     generator = samples_generator(dataset, sizes, max_num_batches_per_batch_size)
     if len(sizes) == 1:

@@ -304,3 +304,11 @@ def test_tuning_on_a_device_this_machine_lacks_is_refused_with_the_reason():
     Module(MLP().eval(), "gpu_only")
     with pytest.raises(ConfigError, match="no cuda device is available"):
         tune(lambda x: x, [torch.randn(4)], batch_sizes=[1, 2], device="cuda")
+
+
+def test_a_device_string_torch_does_not_know_is_refused_naming_the_argument():
+    from aitune_core.errors import ConfigError
+
+    Module(MLP().eval(), "bad_device")
+    with pytest.raises(ConfigError, match=r"tune\(device='gpu'\): not a torch device"):
+        tune(lambda x: x, [torch.randn(4)], batch_sizes=[1, 2], device="gpu")
