@@ -130,6 +130,11 @@ def test_arguments_are_validated():
         HighestThroughputStrategy(min_speedup=-1)
     with pytest.raises(ValueError, match="budget_s"):
         HighestThroughputStrategy(budget_s="1")
+    for field in ("min_gain", "min_speedup", "stop_when_speedup_over"):  # NaN compares false with everything
+        with pytest.raises(ValueError, match=field):
+            HighestThroughputStrategy(**{field: float("nan")})
+    with pytest.raises(ValueError, match="at least one backend"):
+        HighestThroughputStrategy([])
     assert HighestThroughputStrategy.measures_speed
     defaults = [b.describe() for b in HighestThroughputStrategy().backends]
     assert defaults == ["TorchInductorBackend()", "TorchEagerBackend()"]

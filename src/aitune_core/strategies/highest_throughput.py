@@ -115,13 +115,13 @@ class HighestThroughputStrategy(TuneStrategy):
         super().__init__(backends)
         for label, value in (("min_speedup", min_speedup), ("min_eager_latency_us", min_eager_latency_us),
                              ("budget_s", budget_s), ("dispatch_overhead_us", dispatch_overhead_us)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0):
                 raise ValueError(f"{label} must be a number >= 0 or None, got {value!r}")
         if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
             raise ValueError(f"max_batch_size must be an int >= 1, got {max_batch_size!r}")
-        if stop_when_speedup_over is not None and stop_when_speedup_over <= 0:
+        if stop_when_speedup_over is not None and not stop_when_speedup_over > 0:  # (NaN is refused too)
             raise ValueError(f"stop_when_speedup_over must be > 0, got {stop_when_speedup_over!r}")
-        if min_gain < 0:
+        if not min_gain >= 0:
             raise ValueError(f"min_gain must be >= 0, got {min_gain!r}")
         self.max_batch_size = max_batch_size
         self.profile_at_recorded_shapes = profile_at_recorded_shapes

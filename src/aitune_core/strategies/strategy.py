@@ -220,6 +220,8 @@ class TuneStrategy(ABC):  # noqa: B024 - one of _tune / _tune_job is required: c
 
     def __init__(self, backends: Sequence[Backend] | None = None) -> None:
         backends = list(backends) if backends is not None else self.default_backends()
+        if not backends:
+            raise ValueError(f"{type(self).__name__} needs at least one backend (pass None for the defaults)")
         for backend in backends:
             if not isinstance(backend, Backend):
                 raise TypeError(f"{type(self).__name__} expects Backend instances, got {type(backend).__name__}")
