@@ -86,6 +86,14 @@ def test_unavailable_provider_fails_the_build_listing_the_available_ones(tmp_pat
     assert "available providers: " in message and "CPUExecutionProvider" in message
 
 
+def test_an_opset_the_installed_onnx_lacks_fails_the_build_before_the_exporter_runs(tmp_path, capfd):
+    pytest.importorskip("onnx")
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(opset_version=999))
+    with pytest.raises(BackendBuildError, match="opset_version=999 is not an opset the installed onnx"):
+        _tune(SmallCNN().eval(), image_call, tmp_path, backend)
+    assert "Traceback" not in capfd.readouterr().err  # (the exporter printed one before)
+
+
 def test_provider_resolution():
     available = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert resolve_providers(None, available, CPU) == ["CPUExecutionProvider"]

@@ -87,6 +87,22 @@ class ONNXRuntimeBackendConfig(BackendConfig):
                 raise ValueError(f"ONNXRuntimeBackendConfig.{name} must be an int >= 0 or None, got {value!r}")
 
 
+def _check_opset(version: int | None) -> None:
+    """Refuse an opset the installed `onnx` does not have before exporting: the exporter printed a page of
+    traceback for one (999) before failing (eighth review, 2026-11-26)."""
+    if version is None:
+        return
+    try:
+        import onnx
+
+        latest = int(onnx.defs.onnx_opset_version())
+    except Exception:  # (no onnx to ask: the exporter decides)
+        return
+    if not 7 <= version <= latest:
+        raise BackendBuildError(f"ONNXRuntimeBackendConfig.opset_version={version} is not an opset the installed onnx "
+                                f"{onnx.__version__} has (7..{latest})")
+
+
 def resolve_providers(requested: tuple[str, ...] | None, available: list[str], device: torch.device) -> list[str]:
     """The providers a session uses (see the module docstring); raises BackendBuildError for unavailable ones."""
     if requested is None:
@@ -171,6 +187,7 @@ class ONNXRuntimeBackend(Backend):
         for spec in (*graph_spec.input_spec.tensors, *graph_spec.output_spec.tensors):
             numpy_dtype(spec.dtype)
         self._graph_spec = graph_spec
+        _check_opset(self.config.opset_version)
         model_dir = cache_dir / self.key()
         export_onnx(module, graph_spec, data, model_dir, self._device, use_dynamo=self.config.use_dynamo,
                     opset_version=self.config.opset_version)
