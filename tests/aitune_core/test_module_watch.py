@@ -163,3 +163,26 @@ def test_a_backend_that_pins_its_output_dtypes_is_blocked_after_a_dtype_change()
     net.double()
     assert watch.stale()
     assert watch.review(refit).blocked == frozenset({id(pinned)})
+
+
+def test_a_plain_value_change_refits_a_baked_backend_and_moves_no_epoch_elsewhere():
+    """`LayerNorm.eps` is a constant of an exported graph: an ONNX-tuned model kept the old eps's answers (eighth
+    review). Plain values of modules no baked backend holds do not move the epoch (a call counter elsewhere)."""
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)).eval()
+    other = torch.nn.Linear(2, 2)
+    baked = _Backend(True)
+    watch = ModuleWatch(net, [baked])
+    epoch = module_epoch.EPOCH.value
+    other.calls = 1
+    other.calls = 2
+    net[1].eps = net[1].eps  # the same value: nothing changed
+    assert module_epoch.EPOCH.value == epoch and not watch.stale()
+    net[1].eps = 0.5
+    assert watch.stale()
+    calls, refit = _refits()
+    assert watch.review(refit).clean and calls == [baked]
+    norm = torch.nn.LayerNorm(4)
+    reading = ModuleWatch(norm, [_Backend(False)])
+    epoch = module_epoch.EPOCH.value
+    norm.eps = 0.1  # a backend that reads the module at call time (Inductor guards on it)
+    assert module_epoch.EPOCH.value == epoch and not reading.stale()

@@ -13,7 +13,10 @@ What bumps the epoch (each patch is one `_Patch` record holding the exact origin
   `Module.load_state_dict`;
 - `Module.__setattr__` of a Module, a Parameter, a registered buffer or a changed `training` flag (a program that
   sets `m.dropout.training = True` itself, without `train()`), `Module.__delattr__`, `add_module`,
-  `register_module`, `register_parameter`, `register_buffer`.
+  `register_module`, `register_parameter`, `register_buffer`;
+- `Module.__setattr__` that changes a plain number, string or flag of a module some backend exported with its
+  values (`watch_values`: `LayerNorm.eps` is a constant of an ONNX graph; eighth review, 2026-11-26). Only
+  such modules: a module elsewhere that counts its calls does not move the epoch on every call.
 
 Nothing bumps while dynamo traces (`torch.compiler.is_compiling()`): a compiled forward that builds a temporary
 module (transformers' LLaMA slices its `ModuleList` of layers on every call) would otherwise carry the increment
@@ -28,6 +31,7 @@ The patches exist only while aitune has a tuned module alive: every `ModuleWatch
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -41,7 +45,7 @@ from aitune_core.patch import Patch
 
 _logger = logging.getLogger("aitune.backend.module_epoch")
 
-__all__ = ["EPOCH", "acquire", "bump", "installed", "release"]
+__all__ = ["EPOCH", "PLAIN", "acquire", "bump", "installed", "release", "unwatch_values", "watch_values"]
 
 
 class _Epoch:
@@ -116,11 +120,29 @@ def _setattr(original: Callable[..., Any]) -> Callable[..., Any]:
             and (isinstance(value, torch.nn.Parameter) or name in state.get("_buffers", ()))
         ) or (value is None and (name in state.get("_modules", ()) or name in state.get("_parameters", ()))) or (
             name == "training" and value != state.get("training")  # `m.drop.training = True` (MC dropout)
-        ):
+        ) or (id(self) in _VALUE_WATCHED and type(value) in PLAIN and state.get(name, _MISSING) != value):
             _bump_unless_traced()
         original(self, name, value)
 
     return __setattr__
+
+
+PLAIN = (bool, int, float, str)
+_MISSING = object()
+_VALUE_WATCHED: collections.Counter[int] = collections.Counter()  # id(module) -> watches of its plain values
+
+
+def watch_values(modules: list[torch.nn.Module]) -> None:
+    """Move the epoch when a plain value of one of `modules` changes (until `unwatch_values`)."""
+    with _lock:
+        _VALUE_WATCHED.update(id(m) for m in modules)
+
+
+def unwatch_values(ids: list[int]) -> None:
+    with _lock:
+        _VALUE_WATCHED.subtract(ids)
+        for key in [k for k in ids if _VALUE_WATCHED[k] <= 0]:
+            del _VALUE_WATCHED[key]
 
 
 def _wrappers() -> list[tuple[Any, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:

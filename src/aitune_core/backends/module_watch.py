@@ -81,6 +81,7 @@ class ModuleSnapshot:
     versions: tuple[int, ...]
     layouts: tuple[tuple[torch.dtype, torch.device], ...]
     hooks: int
+    values: tuple[tuple[tuple[str, object], ...], ...] = ()
 
     @classmethod
     def take(cls, module: torch.nn.Module) -> ModuleSnapshot:
@@ -93,6 +94,7 @@ class ModuleSnapshot:
             versions=tuple(t._version for t in tensors),
             layouts=tuple((t.dtype, t.device) for t in tensors),
             hooks=submodule_hooks(module),
+            values=tuple(_plain_values(m) for m in modules),
         )
 
     def live_tensors(self) -> tuple[torch.Tensor | None, ...]:
@@ -102,13 +104,21 @@ class ModuleSnapshot:
         return _same_objects(self.modules, other.modules)
 
     def same_weights(self, other: ModuleSnapshot) -> bool:
-        """Same tree, same tensors (identity), unchanged values (version counters), same dtypes and devices."""
+        """Same tree, same tensors (identity), unchanged values (version counters), same dtypes and devices, and
+        the same plain values (`eps`: an exported graph holds those as constants too)."""
         return (
             self.same_tree(other)
             and _same_objects(self.tensors, other.tensors)
             and self.versions == other.versions
             and self.layouts == other.layouts
+            and self.values == other.values
         )
+
+
+def _plain_values(module: torch.nn.Module) -> tuple[tuple[str, object], ...]:
+    """A module's public plain attributes (numbers, strings, flags; `training` apart), by name."""
+    return tuple(sorted((name, value) for name, value in vars(module).items()
+                        if type(value) in module_epoch.PLAIN and not name.startswith("_") and name != "training"))
 
 
 @dataclass
@@ -158,6 +168,10 @@ class ModuleWatch:
         self._versions: tuple[tuple[torch.Tensor, int], ...] = (
             tuple(zip(current.live_tensors(), current.versions)) if self._baked else ()
         )
+        if self._baked:  # an exported graph holds plain values as constants: their changes move the epoch
+            modules = list(module.modules())
+            module_epoch.watch_values(modules)
+            weakref.finalize(self, module_epoch.unwatch_values, [id(m) for m in modules])
 
     # ------------------------------------------------------------------ per call
     def stale(self) -> bool:
