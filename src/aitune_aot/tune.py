@@ -141,8 +141,9 @@ def tune(
     for module in candidates:
         if module.graph_specs:
             to_tune.append(module)
-        else:
-            _logger.warning("Module `%s` was not called by func; it stays in passthrough", module.name)
+        else:  # (a module whose calls changed their arguments was called: it said why when it saw that)
+            if module._self_not_replayable is None:
+                _logger.warning("Module `%s` was not called by func; it stays in passthrough", module.name)
             module.enable_passthrough()
 
     try:

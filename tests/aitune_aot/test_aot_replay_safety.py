@@ -58,3 +58,14 @@ def test_a_forward_adding_keys_to_its_input_dict_is_not_recorded_with_the_added_
     assert module.graph_specs == []  # not recorded: a replay would see the added key
     with pytest.raises(NotReplayableError, match="changes its argument `features` \\(dict\\)"):
         module.tune(strategy=FirstWinsStrategy([TorchEagerBackend()]))
+
+
+def test_tune_does_not_say_a_module_whose_calls_changed_their_arguments_was_never_called(caplog):
+    """It was called (generate() through it, eighth review): the reason it was not recorded is all it says."""
+    module = ait.Module(Appending().eval(), "appending_through_tune")
+    log = Log()
+    with torch.no_grad():
+        ait.tune(lambda x: module(x, log), [torch.randn(8) for _ in range(2)], batch_sizes=[2],
+                 strategy=FirstWinsStrategy([TorchEagerBackend()]))
+    assert "its calls cannot be replayed for tuning" in caplog.text
+    assert "was not called by func" not in caplog.text
