@@ -10,8 +10,11 @@ pickle of the module carried `builtins.getattr` (the slot's own reduce) and `Non
 How: while the hook is installed, `torch.nn.Module.__getstate__` - torch's own leaves out `_compiled_call_impl`
 in the same way - also leaves out aitune's node or marker and its forward slot (the user's own instance
 forward, if one was set, is what the copy gets). A copy is then a module aitune has not seen: adopted on its
-first call like any other. A class with a `__getstate__` of its own is not covered; its copies keep the
-per-object reduces (`PatchedModule.__reduce_ex__`, `SlotForward.__reduce_ex__`), as before.
+first call like any other. A class with a `__getstate__` of its own (`d = self.__dict__.copy(); ...; return d`)
+bypasses that: its shallow copies answered with the original's attributes (seventh review, 2026-11-26). So
+`torch.nn.Module.__setstate__`, which rebuilds every copy and unpickled module, drops them too: the node or
+marker, and a forward slot that is not the new module's own. A class with its own `__setstate__` as well is not
+covered.
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ from typing import Any
 
 import torch
 
-from aitune_core.forward_slot import ForwardSlot
+from aitune_core.forward_slot import ForwardSlot, SlotForward
 from aitune_core.patch import Patch
 from aitune_jit.runtime import NODE_ATTR
 
 _lock = threading.Lock()
-_patch: Patch | None = None
+_patches: dict[str, Patch] = {}
 
 
 def _leaving_aitune_out(original: Callable[[torch.nn.Module], Any]) -> Callable[[torch.nn.Module], Any]:
@@ -45,22 +48,39 @@ def _leaving_aitune_out(original: Callable[[torch.nn.Module], Any]) -> Callable[
     return __getstate__
 
 
+def _taking_aitune_out(original: Callable[[torch.nn.Module, Any], None]) -> Callable[[torch.nn.Module, Any], None]:
+    @functools.wraps(original)
+    def __setstate__(self: torch.nn.Module, state: Any) -> None:
+        if isinstance(state, dict) and (NODE_ATTR in state or isinstance(state.get("forward"), SlotForward)):
+            state = dict(state)
+            state.pop(NODE_ATTR, None)
+            forward = state.get("forward")
+            if isinstance(forward, SlotForward):  # (the copied module's slot, from a `__getstate__` of the class)
+                state = forward._slot.state_without(state)
+        original(self, state)
+
+    __setstate__.__aitune_module_copies__ = True  # type: ignore[attr-defined]
+    return __setstate__
+
+
+_WRAPPERS = (("__getstate__", _leaving_aitune_out), ("__setstate__", _taking_aitune_out))
+
+
 def install() -> None:
-    """Leave aitune's attributes out of every module's state (idempotent)."""
-    global _patch
+    """Leave aitune's attributes out of every module's state and every rebuilt module (idempotent)."""
     with _lock:
-        current = torch.nn.Module.__getstate__
-        if _patch is None and not getattr(current, "__aitune_module_copies__", False):
-            _patch = Patch(torch.nn.Module, "__getstate__", _leaving_aitune_out(current)).apply()
+        for name, wrap in _WRAPPERS:
+            current = getattr(torch.nn.Module, name)
+            if name not in _patches and not getattr(current, "__aitune_module_copies__", False):
+                _patches[name] = Patch(torch.nn.Module, name, wrap(current)).apply()
 
 
 def uninstall() -> None:
-    global _patch
     with _lock:
-        if _patch is not None:
-            _patch.restore()
-            _patch = None
+        for patch in _patches.values():
+            patch.restore()
+        _patches.clear()
 
 
 def installed() -> bool:
-    return _patch is not None
+    return bool(_patches)

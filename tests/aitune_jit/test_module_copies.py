@@ -55,6 +55,28 @@ def test_a_shallow_copy_computes_with_its_own_attributes_recording_or_tuned() ->
         assert "forward" not in clone.__dict__ or clone.__dict__["forward"] is not model.__dict__["forward"]
 
 
+class OwnState(Scaled):
+    """A class with a `__getstate__` of its own, the common pattern: it bypasses torch's (and aitune's)."""
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("cache", None)
+        return state
+
+
+def test_a_shallow_copy_of_a_class_with_its_own_getstate_computes_with_its_own_attributes() -> None:
+    for min_samples, state in ((100, NodeState.RECORDING), (2, NodeState.TUNED)):
+        torch.manual_seed(0)
+        model = OwnState().eval()
+        assert _watched(model, min_samples).state is state
+        clone = copy.copy(model)
+        clone.alpha = 50.0
+        x = torch.randn(2, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(clone(x), model(x) * 50.0)
+        assert NODE_ATTR not in clone.__dict__ or PatchedModule.of(clone) is not PatchedModule.of(model)
+
+
 def test_a_deep_copy_has_its_own_weights_and_its_own_node() -> None:
     model = make_mlp()
     _watched(model, 100)
@@ -95,8 +117,10 @@ def test_a_users_own_instance_forward_is_what_the_copy_gets() -> None:
 def test_installed_with_the_hook_and_torchs_own_afterwards() -> None:
     from aitune_jit.switch import disable
 
-    original = torch.nn.Module.__getstate__
+    original, restore = torch.nn.Module.__getstate__, torch.nn.Module.__setstate__
     enable()
     assert module_copies.installed() and torch.nn.Module.__getstate__ is not original
+    assert torch.nn.Module.__setstate__ is not restore
     disable()
     assert not module_copies.installed() and torch.nn.Module.__getstate__ is original
+    assert torch.nn.Module.__setstate__ is restore
