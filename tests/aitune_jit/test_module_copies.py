@@ -6,6 +6,7 @@ import copy
 import io
 import pickle
 
+import pytest
 import torch
 from jit_helpers import CountingBackend, make_mlp, run
 
@@ -41,20 +42,6 @@ def _watched(model: torch.nn.Module, min_samples: int) -> PatchedModule:
     return node
 
 
-def test_a_shallow_copy_computes_with_its_own_attributes_recording_or_tuned() -> None:
-    for min_samples, state in ((100, NodeState.RECORDING), (2, NodeState.TUNED)):
-        torch.manual_seed(0)
-        model = Scaled().eval()
-        assert _watched(model, min_samples).state is state
-        clone = copy.copy(model)
-        clone.alpha = 50.0
-        x = torch.randn(2, 32)
-        with torch.no_grad():
-            torch.testing.assert_close(clone(x), model(x) * 50.0)
-        assert NODE_ATTR not in clone.__dict__ or PatchedModule.of(clone) is not PatchedModule.of(model)
-        assert "forward" not in clone.__dict__ or clone.__dict__["forward"] is not model.__dict__["forward"]
-
-
 class OwnState(Scaled):
     """A class with a `__getstate__` of its own, the common pattern: it bypasses torch's (and aitune's)."""
 
@@ -64,10 +51,12 @@ class OwnState(Scaled):
         return state
 
 
-def test_a_shallow_copy_of_a_class_with_its_own_getstate_computes_with_its_own_attributes() -> None:
+@pytest.mark.parametrize("cls", [Scaled, OwnState])
+def test_a_shallow_copy_computes_with_its_own_attributes_recording_or_tuned(cls) -> None:
+    """`OwnState`'s own `__getstate__` bypasses torch's: the copy's rebuild (`__setstate__`) drops aitune's parts."""
     for min_samples, state in ((100, NodeState.RECORDING), (2, NodeState.TUNED)):
         torch.manual_seed(0)
-        model = OwnState().eval()
+        model = cls().eval()
         assert _watched(model, min_samples).state is state
         clone = copy.copy(model)
         clone.alpha = 50.0
@@ -75,6 +64,7 @@ def test_a_shallow_copy_of_a_class_with_its_own_getstate_computes_with_its_own_a
         with torch.no_grad():
             torch.testing.assert_close(clone(x), model(x) * 50.0)
         assert NODE_ATTR not in clone.__dict__ or PatchedModule.of(clone) is not PatchedModule.of(model)
+        assert "forward" not in clone.__dict__ or clone.__dict__["forward"] is not model.__dict__["forward"]
 
 
 def test_a_deep_copy_has_its_own_weights_and_its_own_node() -> None:
