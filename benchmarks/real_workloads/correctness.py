@@ -7,8 +7,9 @@ Each workload (`workload.py`) runs twice in fresh processes: plainly, and as the
 `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` (default JIT configuration; `--precision bf16` sets
 `AITUNE_JIT_PRECISION=bf16`). Compared per call: generated tokens (identical, or parted at a near tie: the
 first differing token was chosen between two scores closer than the tolerance allows, all scores agreeing up to
-it, which any kernel that rounds differently causes in reduced precision) and scores; UNet outputs
-against plain eager run on the JIT run's own inputs (a third process replays them: the denoising trajectories
+it, which any kernel that rounds differently causes in reduced precision) and scores; the answers of the
+request-serving workloads (embeddings, image classifiers) against the plain run's answer to the same request; UNet
+outputs against plain eager run on the JIT run's own inputs (a third process replays them: the denoising trajectories
 of two runs drift apart from the first rounding difference, a random-weight UNet under guidance 7.5 amplifying
 it, so only same-input comparisons measure a call's error), checked against aitune's tolerance for the device
 (fp32 with TF32 allowed on CUDA rtol=1e-2, atol=1e-3; bf16 5e-2) by aitune's own rule (validation/criterion.py:
@@ -176,10 +177,29 @@ def _compare_unet(plain: dict[str, Any], jit: dict[str, Any], precision: str,
             "images_max_abs_rel": images}
 
 
+def _compare_outputs(plain: dict[str, Any], jit: dict[str, Any], precision: str) -> dict[str, Any]:
+    """Every answer of a request-serving workload against the plain run's answer to the same request (a background
+    run serves the request cycle more times while it tunes: its answer `j` is to request `j % n`)."""
+    n = plain["requests"]
+    calls = []
+    for index, got in enumerate(jit["outputs"]):
+        want = plain["outputs"][index % n]
+        same_shape = got.shape == want.shape
+        max_abs, rel = _relative(got, want) if same_shape else (float("nan"), float("nan"))
+        closeness = _closeness(got, want, precision) if same_shape else None
+        calls.append({"call": index, "max_abs": max_abs, "rel": rel,
+                      "within_tolerance": closeness is not None and closeness.accepted,
+                      "closeness": closeness.summary() if closeness is not None else "shapes differ"})
+    ok = len(calls) >= n and all(c["within_tolerance"] for c in calls)
+    return {"ok": ok, "calls": calls}
+
+
 def compare(workload: str, plain: dict[str, Any], jit: dict[str, Any], precision: str,
             replay: dict[str, Any] | None = None) -> dict[str, Any]:
     if "tokens" in plain:
         return _compare_generate(plain, jit, precision)
+    if "outputs" in plain and "requests" in plain:
+        return _compare_outputs(plain, jit, precision)
     if "calls" in plain:
         return _compare_unet(plain, jit, precision, replay)
     raise ValueError(f"no comparison for {workload}")

@@ -5,23 +5,26 @@
 
 Builds the model from a config with random weights (no download), runs it the way users do (greedy
 `generate()` with the default DynamicCache, a DDIM denoising loop with classifier-free guidance, a module that
-appends to a caller-owned cache, a sentence-transformers-style module that adds keys to its input dict) and
+appends to a caller-owned cache, a sentence-transformers-style module that adds keys to its input dict, a
+sentence-embedding service over a BERT encoder with requests of varying batch size and length, image classifiers
+(transformers' ViT, timm's ConvNeXt when timm is installed) at batches 1 and 8) and
 saves with `torch.save` everything a user could observe: tokens, scores, per-call outputs and their types, the
 state of objects the program owns, plus the wall time of every call. `correctness.py` (GPU) and
 tests/aitune_jit/test_real_workloads.py (CPU) run it plainly and under
 `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` and compare the two files.
 
-`--until-tuned S` (gpt2, unet) is for speed measurements of background tuning: while aitune's background
-worker still has work (read from `aitune_jit.worker` when the env var loaded it; the script itself imports nothing
-of aitune), the script keeps producing results, for at most S seconds, until one whole cycle of the configured
-results ran with the worker idle, then produces the configured number once more, so the last result is the
-steady state; `tuned_after_s` says when the worker went idle for good.
+`--until-tuned S` (generation, the UNet, the request-serving workloads) is for speed measurements of background
+tuning: while aitune's background worker still has work (read from `aitune_jit.worker` when the env var loaded it;
+the script itself imports nothing of aitune), the script keeps producing results, for at most S seconds, until one
+whole cycle of the configured results ran with the worker idle, then produces the configured number once more, so
+the last result is the steady state; `tuned_after_s` says when the worker went idle for good.
 
 `--autocast DTYPE` runs the whole workload inside `torch.autocast(device, dtype)`, as a user serving in reduced
 precision writes it.
 
 Sizes: `tiny` is CI-sized (a few seconds on a 2-core CPU); `real` is GPT2Config() (124M) with prompts of 16/24/32
-tokens and an SD-1.5-shaped UNet2DConditionModel(sample_size=64, cross_attention_dim=768).
+tokens, an SD-1.5-shaped UNet2DConditionModel(sample_size=64, cross_attention_dim=768), BertConfig() (BERT-base)
+for the embeddings with requests of 1-16 sentences of up to 128 tokens, ViT-B/16 and convnext_tiny at 224 pixels.
 """
 
 from __future__ import annotations
@@ -310,8 +313,84 @@ def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = No
             **clock}
 
 
+def _served(model: Any, requests: list[dict[str, torch.Tensor]], answer: Callable[[Any, dict[str, Any]], torch.Tensor],
+            device: str) -> dict[str, Any]:
+    """Requests answered one after another (`--until-tuned`: the cycle again while tuning runs); per request the
+    answer on the CPU and the call's time."""
+    outputs, times = [], []
+    clock: dict[str, float] = {}
+    with torch.no_grad():
+        for call in _rounds(len(requests), clock):
+            inputs = {k: v.to(device) for k, v in requests[call % len(requests)].items()}
+            outputs.append(_timed(device, lambda i=inputs: answer(model, i), times).float().cpu())
+    return {"outputs": outputs, "times": times, "requests": len(requests), **clock}
+
+
+def _sentence_embedding(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """sentence-transformers' recipe: the mean of the token states under the mask, L2-normalized."""
+    states = model(**inputs).last_hidden_state
+    mask = inputs["attention_mask"].unsqueeze(-1).to(states.dtype)
+    pooled = (states * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+    return torch.nn.functional.normalize(pooled, dim=-1)
+
+
+def embeddings(size: Size, real: bool, device: str) -> dict[str, Any]:
+    """A sentence-embedding service: a BERT encoder answering requests of varying batch size and length, each
+    sentence right-padded to its request's longest one."""
+    from transformers import BertConfig, BertModel
+
+    config = BertConfig() if real else BertConfig(vocab_size=96, hidden_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, intermediate_size=128)
+    model = _prepared(BertModel(config, add_pooling_layer=False).eval().to(device))
+    generator = torch.Generator().manual_seed(3)
+    shapes = [(8, 64), (8, 48), (1, 12), (8, 128), (4, 33), (8, 64), (16, 96), (2, 20)] if real else [
+        (4, 12), (4, 9), (1, 5), (4, 16), (2, 7), (4, 12), (8, 14), (2, 6)]
+    requests = []
+    for batch, longest in shapes:
+        lengths = torch.randint(max(2, longest // 3), longest + 1, (batch,), generator=generator)
+        lengths[0] = longest
+        mask = (torch.arange(longest) < lengths.unsqueeze(1)).long()
+        ids = torch.randint(3, config.vocab_size, (batch, longest), generator=generator) * mask
+        requests.append({"input_ids": ids, "attention_mask": mask})
+    return _served(model, requests, _sentence_embedding, device)
+
+
+def _classify(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    out = model(inputs["pixel_values"])
+    return out if isinstance(out, torch.Tensor) else out.logits
+
+
+def _images(shapes: list[tuple[int, int]]) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(4)
+    return [{"pixel_values": torch.randn(batch, 3, side, side, generator=generator)} for batch, side in shapes]
+
+
+def vit(size: Size, real: bool, device: str) -> dict[str, Any]:
+    """An image classifier (transformers' ViT, ViT-B/16 at 224 pixels) answering batches of 1 and 8."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(num_labels=10) if real else ViTConfig(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=128, num_labels=10)
+    model = _prepared(ViTForImageClassification(config).eval().to(device))
+    side = config.image_size
+    return _served(model, _images([(1, side), (1, side), (8, side), (1, side), (8, side), (4, side)]), _classify,
+                   device)
+
+
+def timm_convnext(size: Size, real: bool, device: str) -> dict[str, Any]:
+    """timm's ConvNeXt (convnext_tiny at 224 pixels; convnext_atto at 64 for CI sizes) answering batches of 1 and
+    8; needs timm."""
+    import timm
+
+    model = _prepared(timm.create_model("convnext_tiny" if real else "convnext_atto", num_classes=10).eval().to(device))
+    side = 224 if real else 64
+    return _served(model, _images([(1, side), (1, side), (8, side), (1, side), (8, side), (4, side)]), _classify,
+                   device)
+
+
 WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
-    f.__name__: f for f in (gpt2, llama, t5, bart, appending, dict_mutation, unet)
+    f.__name__: f for f in (gpt2, llama, t5, bart, appending, dict_mutation, unet, embeddings, vit, timm_convnext)
 }
 
 
@@ -328,7 +407,7 @@ def main() -> None:
     parser.add_argument("--compile", default=None, choices=["default", "reduce-overhead", "max-autotune"],
                         help="gpt2/unet: wrap the model in torch.compile(mode=...) as a compile user would")
     parser.add_argument("--until-tuned", type=float, default=0.0, metavar="SECONDS",
-                        help="gpt2/unet: keep going while aitune's background worker is busy, at most this long")
+                        help="keep going while aitune's background worker is busy, at most this long")
     parser.add_argument("--autocast", default=None, choices=sorted(AUTOCAST),
                         help="run the workload inside torch.autocast(device, dtype)")
     args = parser.parse_args()

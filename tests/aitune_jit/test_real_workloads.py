@@ -166,3 +166,11 @@ def test_the_default_background_worker_keeps_every_answer_right(workload, tmp_pa
     Whether the switch to a tuned backend comes before the script ends or not, every output is what plain eager
     computed, the caller's objects are untouched, and exit neither hangs nor prints errors."""
     _check(workload, tmp_path, AITUNE_JIT_BLOCKING="0")
+
+
+@pytest.mark.slow
+def test_sentence_embedding_service_over_varying_requests(tmp_path):
+    """A BERT encoder behind a sentence-embedding service: requests of 1-8 right-padded sentences of varying length,
+    mean-pooled under the mask. Every answer agrees with plain eager, and the encoder is tuned."""
+    history = _history(_check("embeddings", tmp_path))
+    assert re.search(r"Tuning BertModel \S+ took [\d.]+s: TorchInductorBackend", history), history[-3000:]

@@ -51,6 +51,19 @@ def test_a_flip_with_a_clear_margin_or_wrong_scores_before_it_is_a_failure():
     assert not correctness.compare("gpt2", _result(tie), _result(drifted), "bf16")["ok"]
 
 
+def test_served_answers_are_judged_per_request_and_a_background_run_by_its_request():
+    answers = [torch.ones(2, 4), torch.full((1, 4), 2.0)]
+    plain = {"outputs": answers, "requests": 2}
+    result = correctness.compare("embeddings", plain, {"outputs": answers * 2, "requests": 2}, "fp32")
+    assert result["ok"] and len(result["calls"]) == 4
+    wrong = {"outputs": [answers[0], answers[1] * 1.1], "requests": 2}
+    judged = correctness.compare("embeddings", plain, wrong, "fp32")
+    assert not judged["ok"] and [c["within_tolerance"] for c in judged["calls"]] == [True, False]
+    reshaped = correctness.compare("vit", plain, {"outputs": [answers[0], torch.ones(2, 4)], "requests": 2}, "fp32")
+    assert not reshaped["ok"] and reshaped["calls"][1]["closeness"] == "shapes differ"
+    assert not correctness.compare("vit", plain, {"outputs": answers[:1], "requests": 2}, "fp32")["ok"]
+
+
 def test_each_finished_workload_is_written_before_the_next_one_runs(tmp_path, monkeypatch):
     """A device call that runs out of time still leaves the workloads it finished (an H100 run of four real-size
     workloads lost all three it had finished when its time limit stopped the fourth)."""
