@@ -71,11 +71,14 @@ class _Collector(logging.Handler):
         self._sink = sink
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Kept as `name [level]: message`: the level in lower case after the logger's name, so a history line that
+        quotes torch's record ("first: torch._guards [error]: Error while creating guard") does not read as an
+        ERROR of the program's own log (a real-size BERT service's log under `AITUNE_JIT_PRINT_HISTORY` did)."""
         try:
-            text = f"{record.levelname} {record.name}: {record.getMessage()}"
+            message = record.getMessage()
         except Exception:  # a record whose arguments do not format
-            text = f"{record.levelname} {record.name}: {record.msg!r}"
-        self._sink.add(text, record.levelno >= logging.ERROR)
+            message = repr(record.msg)
+        self._sink.add(f"{record.name} [{record.levelname.lower()}]: {message}", record.levelno >= logging.ERROR)
 
 
 def _torch_loggers() -> list[logging.Logger]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 
 import torch  # noqa: F401  (torch installs its logging handlers on import)
@@ -19,12 +20,15 @@ def test_torch_records_are_collected_not_printed(capsys):
         logging.getLogger("torch.fx.experimental.symbolic_shapes").info("not collected: below WARNING")
     assert captured.errors == 1
     assert captured.lines == [
-        "ERROR torch._dynamo: guard creation failed, retrying",
-        "WARNING torch._inductor.codegen: fell back",
+        "torch._dynamo [error]: guard creation failed, retrying",
+        "torch._inductor.codegen [warning]: fell back",
     ]
     assert "guard creation" not in capsys.readouterr().err
     assert dynamo.handlers == before
     assert "1 at error level" in captured.summary()
+    # the history quotes the first record: torch's level follows its logger's name and is not an ERROR line
+    assert "first: torch._dynamo [error]: guard creation" in captured.summary()
+    assert not re.search(r"(^|\s)ERROR\b", captured.summary())
 
 
 def test_python_warnings_raised_inside_are_collected():
