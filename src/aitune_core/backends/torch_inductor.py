@@ -3,11 +3,12 @@
 Build
     The module is wrapped with `torch.compile(..., backend="inductor", fullgraph, dynamic, mode, options)` and every
     recorded sample is run through it exactly once (modules may be stateful). Before those calls the batch and
-    dynamic axes of the GraphSpec are marked on (aliases of) the sample tensors with `mark_dynamic(t, axis, min=,
-    max=)`, the recorded range, so one dynamic graph serves the range. Dynamo specializes sizes 0 and 1: an axis
-    is marked only where the sample's size is >= 2 (`min=max(2, recorded min)`), and a recorded size of 1 gets a
-    graph of its own. If the model forces an axis static (`ConstraintViolationError`), the build retries once with
-    `maybe_mark_dynamic`. `dynamic=False` disables marking (always specialize).
+    dynamic axes of the GraphSpec are marked on the sample tensors with `mark_dynamic(t, axis, min=, max=)`, the
+    recorded range, so one dynamic graph serves the range (the marks come off after each call: `dynamic_marks`).
+    Dynamo specializes sizes 0 and 1: an axis is marked only where the sample's size is >= 2 (`min=max(2, recorded
+    min)`), and a recorded size of 1 gets a graph of its own. If the model forces an axis static
+    (`ConstraintViolationError`), the build retries once with `maybe_mark_dynamic`. `dynamic=False` disables marking
+    (always specialize).
 
 Inference
     Runs the compiled module (inside `torch.autocast` when enabled; floating outputs are cast back to the original
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -54,6 +56,7 @@ import torch
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.batch_probes import batch_probes
 from aitune_core.backends.compile_regions import CompileRegions
+from aitune_core.backends.dynamic_marks import DynamicMarks
 from aitune_core.backends.inductor_failures import constraint_violation, region_failure
 from aitune_core.backends.inductor_options import check_from_file, check_options
 from aitune_core.backends.isolated_entry import isolated_entry
@@ -256,45 +259,42 @@ class TorchInductorBackend(Backend):
                     marks.append((position, axis, low, high))
         return marks
 
-    def _marked_inputs(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], *, soft: bool
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The call's inputs with the recorded dynamic axes marked, on detached aliases of the tensors."""
+    @contextlib.contextmanager
+    def _marked(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, soft: bool) -> Iterator[None]:
+        """While the block runs, the recorded dynamic axes are marked on the call's own tensors; the marks are taken
+        off afterwards (`dynamic_marks`). The call keeps its own argument objects: marking detached aliases had
+        rebuilt its containers, so a forward that fills the dict it is given (sentence-transformers' modules
+        write their embeddings into the caller's `BatchEncoding`) filled a copy - on the first call in a new grad
+        mode, the caller's dict stayed unfilled."""
         binder = self._binder
         if not self._marks or binder is None or self.config.dynamic is False:
-            return args, kwargs
+            yield
+            return
         try:
             values, _bound = flatten_values(binder.bind(args, kwargs))
         except TypeError:
-            return args, kwargs
-        tensor_slots = [i for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
-        aliases: dict[int, torch.Tensor] = {}
-        for position, axis, low, high in self._marks:
-            if position >= len(tensor_slots):
-                continue
-            slot = tensor_slots[position]
-            tensor = aliases.get(slot, values[slot])
-            if tensor.requires_grad or axis >= tensor.dim():
-                continue
-            size = int(tensor.shape[axis])
-            if size < 2:  # dynamo specializes 0 and 1; this call gets its own graph
-                continue
-            if slot not in aliases:
-                tensor = aliases[slot] = tensor.detach()
-            lower = max(2, low)
-            if soft or high <= lower:
-                torch._dynamo.maybe_mark_dynamic(tensor, axis)
-            else:
-                torch._dynamo.mark_dynamic(tensor, axis, min=lower, max=high)
-        if not aliases:
-            return args, kwargs
-        # the aliases go where their tensors were, in the call's own form: a call made with keywords stays one
-        # (dynamo guards on the form, so a warm-up by position was compiled again by the first keyword call)
-        swapped = {id(values[slot]): alias for slot, alias in aliases.items()}
-        leaves, form = flatten_values((tuple(args), dict(kwargs)))
-        leaves = [swapped.get(id(leaf), leaf) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-        new_args, new_kwargs = unflatten(form, leaves)
-        return tuple(new_args), dict(new_kwargs)
+            yield
+            return
+        tensors = [v for v in values if isinstance(v, torch.Tensor)]
+        marks = DynamicMarks()
+        try:
+            for position, axis, low, high in self._marks:
+                if position >= len(tensors):
+                    continue
+                tensor = tensors[position]
+                if tensor.requires_grad or axis >= tensor.dim():
+                    continue
+                if int(tensor.shape[axis]) < 2:  # dynamo specializes 0 and 1; this call gets its own graph
+                    continue
+                marks.keep(tensor)
+                lower = max(2, low)
+                if soft or high <= lower:
+                    torch._dynamo.maybe_mark_dynamic(tensor, axis)
+                else:
+                    torch._dynamo.mark_dynamic(tensor, axis, min=lower, max=high)
+            yield
+        finally:
+            marks.take_off()
 
     def _restore_output_dtypes(self, output: Any, *, own: bool = False) -> Any:
         """Cast floating outputs back to the dtypes the original module returned. With `own` (CUDA graphs), every
@@ -392,7 +392,8 @@ class TorchInductorBackend(Backend):
         with torch.no_grad(), _raised_recompile_limit():
             for args, kwargs in batch_probes(graph_spec, data, self._device):
                 try:
-                    self._run(*self._marked_inputs(args, kwargs, soft=self._soft_marks))
+                    with self._marked(args, kwargs, soft=self._soft_marks):
+                        self._run(args, kwargs)
                 except Exception as exc:  # a size the model refuses: its calls fail the same way eagerly
                     _logger.debug("%s: batch-size warm-up call failed (%r)", self.describe(), exc)
 
@@ -419,8 +420,10 @@ class TorchInductorBackend(Backend):
         with torch.no_grad(), _raised_recompile_limit():
             for index, sample in enumerate(ordered):
                 args, kwargs = sample.inputs_to(device) if device is not None else (sample.args, sample.kwargs)
+                args, kwargs = tuple(args), dict(kwargs)
                 try:
-                    self._run(*self._marked_inputs(tuple(args), dict(kwargs), soft=self._soft_marks))
+                    with self._marked(args, kwargs, soft=self._soft_marks):
+                        self._run(args, kwargs)
                 except Exception as exc:
                     # dynamo raises before running anything when a marked axis is specialized by the model's
                     # code: hint instead of constrain and retry this sample once
@@ -433,7 +436,8 @@ class TorchInductorBackend(Backend):
                     )
                     self._soft_marks = True
                     self._compiled = self._compile()
-                    self._run(*self._marked_inputs(tuple(args), dict(kwargs), soft=True))
+                    with self._marked(args, kwargs, soft=True):
+                        self._run(args, kwargs)
                 _logger.debug("%s: warm-up sample %d/%d done", self.describe(), index + 1, len(ordered))
 
     def _activate(self) -> None:
@@ -455,8 +459,7 @@ class TorchInductorBackend(Backend):
             # not cover (or the first call after activate/deploy) compiles again. Mark its inputs so that this
             # compile is dynamic over the recorded range too: one compile per mode, not one per shape.
             self._compiled_modes.add(mode)
-            args, kwargs = self._marked_inputs(args, kwargs, soft=self._soft_marks)
-            with _raised_recompile_limit():
+            with self._marked(args, kwargs, soft=self._soft_marks), _raised_recompile_limit():
                 return self._run(args, kwargs)
         return self._run(args, kwargs)
 
