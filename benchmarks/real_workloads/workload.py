@@ -6,7 +6,8 @@
 Builds the model from a config with random weights (no download), runs it the way users do (greedy
 `generate()` with the default DynamicCache, a DDIM denoising loop with classifier-free guidance, a module that
 appends to a caller-owned cache, a sentence-transformers-style module that adds keys to its input dict, a
-sentence-embedding service over a BERT encoder with requests of varying batch size and length, image classifiers
+sentence-embedding service over a BERT encoder with requests of varying batch size and length (by hand, and
+through sentence-transformers' `encode()` when it is installed), image classifiers
 (transformers' ViT, timm's ConvNeXt when timm is installed) at batches 1 and 8) and
 saves with `torch.save` everything a user could observe: tokens, scores, per-call outputs and their types, the
 state of objects the program owns, plus the wall time of every call. `correctness.py` (GPU) and
@@ -24,7 +25,8 @@ precision writes it.
 
 Sizes: `tiny` is CI-sized (a few seconds on a 2-core CPU); `real` is GPT2Config() (124M) with prompts of 16/24/32
 tokens, an SD-1.5-shaped UNet2DConditionModel(sample_size=64, cross_attention_dim=768), BertConfig() (BERT-base)
-for the embeddings with requests of 1-16 sentences of up to 128 tokens, ViT-B/16 and convnext_tiny at 224 pixels.
+for the embeddings (requests of 1-16 sentences of up to 128 tokens by hand, 1-24 sentences of 3-60 words through
+sentence-transformers), ViT-B/16 and convnext_tiny at 224 pixels.
 """
 
 from __future__ import annotations
@@ -313,16 +315,17 @@ def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = No
             **clock}
 
 
-def _served(model: Any, requests: list[dict[str, torch.Tensor]], answer: Callable[[Any, dict[str, Any]], torch.Tensor],
-            device: str) -> dict[str, Any]:
+def _served(model: Any, requests: list[Any], answer: Callable[[Any, Any], torch.Tensor], device: str) -> dict[str, Any]:
     """Requests answered one after another (`--until-tuned`: the cycle again while tuning runs); per request the
-    answer on the CPU and the call's time."""
+    answer on the CPU and the call's time. Tensor requests (dicts of tensors) are moved to `device` first."""
     outputs, times = [], []
     clock: dict[str, float] = {}
     with torch.no_grad():
         for call in _rounds(len(requests), clock):
-            inputs = {k: v.to(device) for k, v in requests[call % len(requests)].items()}
-            outputs.append(_timed(device, lambda i=inputs: answer(model, i), times).float().cpu())
+            request = requests[call % len(requests)]
+            if isinstance(request, dict):
+                request = {k: v.to(device) for k, v in request.items()}
+            outputs.append(_timed(device, lambda r=request: answer(model, r), times).float().cpu())
     return {"outputs": outputs, "times": times, "requests": len(requests), **clock}
 
 
@@ -353,6 +356,42 @@ def embeddings(size: Size, real: bool, device: str) -> dict[str, Any]:
         ids = torch.randint(3, config.vocab_size, (batch, longest), generator=generator) * mask
         requests.append({"input_ids": ids, "attention_mask": mask})
     return _served(model, requests, _sentence_embedding, device)
+
+
+def sentence_transformers(size: Size, real: bool, device: str) -> dict[str, Any]:
+    """sentence-transformers' own `encode()` (which sorts, batches, tokenizes and pools): a BERT model and a word
+    vocabulary written to a temporary folder and loaded as a `SentenceTransformer` of Transformer, mean Pooling
+    and Normalize modules; requests of 1-24 sentences of 3-60 words, encoded in batches of 8. Needs
+    sentence-transformers."""
+    import os
+    import random
+    import tempfile
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # (everything is local: nothing may be fetched)
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    words = [f"w{i}" for i in range(600)]
+    with tempfile.TemporaryDirectory(prefix="st-") as folder:
+        with open(os.path.join(folder, "vocab.txt"), "w") as vocab:
+            vocab.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+        BertTokenizer(os.path.join(folder, "vocab.txt")).save_pretrained(folder)
+        shape = {} if real else {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                 "intermediate_size": 128}
+        config = BertConfig(vocab_size=len(words) + 5, **shape)
+        BertModel(config, add_pooling_layer=False).save_pretrained(folder)
+        encoder = models.Transformer(folder, max_seq_length=128)
+        model = SentenceTransformer(modules=[encoder, models.Pooling(config.hidden_size, pooling_mode="mean"),
+                                             models.Normalize()], device=device)
+    model.eval()
+    rng = random.Random(5)
+    requests = [[" ".join(rng.choice(words) for _ in range(rng.randint(3, 60))) for _ in range(count)]
+                for count in (8, 8, 3, 24, 1, 8, 16, 5)]
+    return _served(model, requests, _encode, device)
+
+
+def _encode(model: Any, sentences: list[str]) -> torch.Tensor:
+    return model.encode(sentences, batch_size=8, convert_to_tensor=True, show_progress_bar=False)
 
 
 def _classify(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -390,7 +429,8 @@ def timm_convnext(size: Size, real: bool, device: str) -> dict[str, Any]:
 
 
 WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
-    f.__name__: f for f in (gpt2, llama, t5, bart, appending, dict_mutation, unet, embeddings, vit, timm_convnext)
+    f.__name__: f for f in (
+        gpt2, llama, t5, bart, appending, dict_mutation, unet, embeddings, sentence_transformers, vit, timm_convnext)
 }
 
 

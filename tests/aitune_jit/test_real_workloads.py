@@ -169,8 +169,10 @@ def test_the_default_background_worker_keeps_every_answer_right(workload, tmp_pa
 
 
 @pytest.mark.slow
-def test_sentence_embedding_service_over_varying_requests(tmp_path):
-    """A BERT encoder behind a sentence-embedding service: requests of 1-8 right-padded sentences of varying length,
-    mean-pooled under the mask. Every answer agrees with plain eager, and the encoder is tuned."""
-    history = _history(_check("embeddings", tmp_path))
-    assert re.search(r"Tuning BertModel \S+ took [\d.]+s: TorchInductorBackend", history), history[-3000:]
+def test_sentence_transformers_encode_over_varying_requests(tmp_path):
+    """sentence-transformers' own `encode()` (BERT, mean pooling, normalize) over requests of 1-24 sentences of
+    varying length: every answer agrees with plain eager, and the model is tuned although each of its modules
+    fills the `BatchEncoding` it is given (under `inference_mode`, which the build's warm-up does not cover)."""
+    pytest.importorskip("sentence_transformers")
+    history = _history(_check("sentence_transformers", tmp_path))
+    assert re.search(r"Tuning SentenceTransformer \S+ took [\d.]+s: TorchInductorBackend", history), history[-3000:]
