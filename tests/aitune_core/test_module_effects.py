@@ -3,7 +3,9 @@ attributes or draws random numbers is named; a pure call, and aitune's or torch'
 
 from __future__ import annotations
 
+import logging
 import random
+import types
 
 import torch
 from torch import nn
@@ -20,6 +22,10 @@ class _Net(nn.Module):
         self.calls = 0
         self.log: list[int] = []
         self.scale = 2.0
+        self.stats = {"steps": torch.zeros(()), "count": 0, "kv": []}
+        self.meter = types.SimpleNamespace(n=0, total=torch.zeros(()))
+        self.config = types.SimpleNamespace(width=4, labels={0: "a"})  # read, never written
+        self.logger = logging.getLogger("tests.module_effects")  # a level cache that fills is not the forward's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         effect = self.effect
@@ -37,6 +43,18 @@ class _Net(nn.Module):
             x = x * random.random()
         elif effect == "child-weight":
             self.fc.weight.mul_(1.0)
+        elif effect == "dict-tensor":
+            self.stats["steps"] += 1
+        elif effect == "dict-count":
+            self.stats["count"] += 1
+        elif effect == "dict-list":
+            self.stats["kv"].append(x)
+        elif effect == "namespace":
+            self.meter.n += 1
+        elif effect == "namespace-tensor":
+            self.meter.total.add_(x.sum())
+        self.logger.isEnabledFor(logging.DEBUG)
+        assert self.config.width == x.shape[-1]
         return self.fc(x) * self.scale
 
 
@@ -60,6 +78,12 @@ def test_each_kind_of_effect_is_named():
         "torch-random": "torch's random generator",
         "python-random": "Python's random module",
         "child-weight": "its tensor `fc.weight`",
+        # state kept one level down: in a dict attribute, or a plain object's attribute
+        "dict-tensor": "its attribute `stats`",
+        "dict-count": "its attribute `stats`",
+        "dict-list": "its attribute `stats`",
+        "namespace": "its attribute `meter`",
+        "namespace-tensor": "its attribute `meter`",
     }
     for effect, words in expected.items():
         changed = _changes(_Net(effect))

@@ -19,6 +19,7 @@ CALLS = 0
 SEEN: list[int] = []
 CACHE: dict[int, torch.Tensor] = {}
 TOTAL = torch.zeros(())
+COUNTS: dict[str, object] = {"calls": 0, "seen": []}
 _logger = logging.getLogger("tests.outside_effects")
 
 
@@ -49,6 +50,10 @@ class _Net(nn.Module):
             _logger.warning("batch %d", x.shape[0])
         elif effect == "cache":
             CACHE.setdefault(x.shape[0], torch.ones(x.shape[0]))
+        elif effect == "dict-counter":
+            COUNTS["calls"] += 1
+        elif effect == "dict-list":
+            COUNTS["seen"].append(x.shape[0])
         return self.fc(x)
 
 
@@ -82,7 +87,7 @@ def _change(module: nn.Module, x: torch.Tensor | None = None) -> str | None:
 @pytest.mark.parametrize(("effect", "words"), [
     ("counter", "`CALLS` of module "), ("append", "`SEEN`"), ("tensor", "`TOTAL`"),
     ("class", "`calls` of class _Net"), ("print", "prints or logs"), ("stderr", "prints or logs"),
-    ("log", "prints or logs"),
+    ("log", "prints or logs"), ("dict-counter", "`COUNTS['calls']` of module "), ("dict-list", "`COUNTS['seen']`"),
 ])
 def test_each_effect_outside_the_module_is_named(effect, words, capsys):
     change = _change(_Net(effect))

@@ -190,3 +190,36 @@ def test_a_forward_that_prints_and_counts_in_a_global_is_not_replayed(capsys):
     assert PRINTED_CALLS == 6
     assert capsys.readouterr().out.splitlines() == [f"call {n}" for n in range(1, 7)]
     assert node.children and all(child.state is not NodeState.EAGER for child in node.children)
+
+
+class _Stepping(torch.nn.Module):
+    """Keeps its step count in a dict attribute: the tensor in it is written in place by every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = make_mlp()
+        self.stats = {"steps": torch.zeros(())}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.stats["steps"] += 1
+        return self.body(x) * self.stats["steps"]
+
+
+def test_a_forward_that_keeps_its_state_in_a_dict_attribute_is_not_replayed():
+    # a reviewer's script read 520 steps after 10 calls in blocking mode: every replay of tuning stepped again
+    _setup()
+    torch.manual_seed(0)
+    model, plain = _Stepping().eval(), _Stepping().eval()
+    plain.load_state_dict(model.state_dict())
+    enable()
+    inputs = [torch.randn(2, 32) for _ in range(10)]
+    with torch.no_grad():
+        outputs = [model(x) for x in inputs]
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.EAGER and "its attribute `stats`" in node.reason, node.reason
+    disable()
+    with torch.no_grad():
+        expected = [plain(x) for x in inputs]
+    assert float(model.stats["steps"]) == 10.0
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(got, want)

@@ -15,23 +15,27 @@ instead of 2, a call counter went backwards, and the program's own `torch.rand` 
 Such a module is not replayed, so it is not tuned (its children still can be).
 
 `ModuleEffects.before(module)` takes the fingerprint (tensors by identity and version counter, no data read;
-attributes by value for simple values, by identity and length for containers, by identity otherwise; the random
-states by value); `changes()`, after the call, names the first difference, or returns None. Attributes that torch
-or aitune keep on a module (its parameter, buffer, submodule and hook tables, aitune's node slot and forward
-wrapper) are not the forward's doing and are left out.
+attributes by value for simple values, and two levels into containers and plain objects: the tensors and values a
+dict, list or namespace attribute holds (`value_fingerprint`); the random states by value); `changes()`, after the
+call, names the first difference, or returns None. Attributes that torch or aitune keep on a module (its parameter,
+buffer, submodule and hook tables, aitune's node slot and forward wrapper) are not the forward's doing and are left
+out.
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import random
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-_SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
-_SIZED = (list, dict, set, bytearray)
+from aitune_core.recording.value_fingerprint import contents_fingerprint, tensor_fingerprint
+
+#: levels looked into a module attribute (`value_fingerprint.contents_fingerprint`): a dict of lists of tensors
+ATTRIBUTE_DEPTH = 2
+
 #: a module's own bookkeeping, not state its forward keeps (the tensors are fingerprinted through their tables)
 _BOOKKEEPING = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set", "forward",
                           "_compiled_call_impl"})
@@ -41,31 +45,13 @@ def _is_bookkeeping(key: str) -> bool:
     return key in _BOOKKEEPING or "hook" in key or key.startswith("_aitune")
 
 
-def tensor_fingerprint(value: torch.Tensor) -> tuple[Any, ...]:
-    try:
-        return ("tensor", id(value), value._version)
-    except RuntimeError:  # inference tensors track no version counter
-        return ("tensor", id(value), None)
-
-
-def fingerprint(value: Any, sized: tuple[type, ...] = _SIZED) -> Any:
-    """A value as compared before and after a call: tensors by identity and version, simple values by value,
-    `sized` containers by identity and length, anything else by identity."""
-    if isinstance(value, torch.Tensor):
-        return tensor_fingerprint(value)
-    if isinstance(value, _SIMPLE):
-        return ("value", type(value), value)
-    if isinstance(value, sized):
-        return ("sized", id(value), len(value))
-    return ("object", id(value))
-
-
 def _module_state(module: torch.nn.Module) -> dict[tuple[str, str], Any]:
     state: dict[tuple[str, str], Any] = {}
+    memo: dict[int, Any] = {}
     for name, sub in module.named_modules(remove_duplicate=True):
         for key, value in vars(sub).items():
             if not _is_bookkeeping(key):
-                state[(name, key)] = fingerprint(value)
+                state[(name, key)] = contents_fingerprint(value, ATTRIBUTE_DEPTH, memo)
         for table in ("_parameters", "_buffers"):
             for key, tensor in getattr(sub, table, {}).items():
                 state[(name, key)] = tensor_fingerprint(tensor) if tensor is not None else None
@@ -122,10 +108,15 @@ class ModuleEffects:
 _MISSING = object()
 
 
-def first_difference(before: dict[Any, Any], now: dict[Any, Any]) -> tuple[Any, bool] | None:
-    """The first key whose fingerprint differs between two states, and whether it is gone; None when equal."""
+def first_difference(before: dict[Any, Any], now: dict[Any, Any],
+                     added: Callable[[Any], bool] | None = None) -> tuple[Any, bool] | None:
+    """The first key whose fingerprint differs between two states, and whether it is gone; None when equal. A key
+    new in `now` is a difference unless `added(key)` says it does not count."""
     for key, fingerprint in now.items():
-        if before.get(key, _MISSING) != fingerprint:
+        previous = before.get(key, _MISSING)
+        if previous is _MISSING and added is not None and not added(key):
+            continue
+        if previous != fingerprint:
             return key, False
     for key in before.keys() - now.keys():
         return key, True

@@ -10,12 +10,13 @@ dynamo would break the graph at `print` anyway).
 
 What is fingerprinted before the call and compared after it:
 
-- the globals of every Python module that defines the `forward` of a module in the tree, by name: simple values
-  by value (a counter), tensors by identity and version counter (a running statistic kept outside the module),
-  lists and deques by identity and length (a log of calls), anything else by identity (a rebinding). Dictionaries
-  and sets count by identity only: a forward that fills a cache keyed by shape (a mask per length) is common,
-  and replaying it fills nothing new. Dunder names (`__warningregistry__`, which `warnings.warn` fills) are left
-  out;
+- the globals of every Python module that defines the `forward` of a module in the tree, by name: simple values by
+  value (a counter), tensors by identity and version counter (a running statistic kept outside the module), lists
+  and deques by identity and length (a log of calls), anything else by identity (a rebinding). Dictionaries count by
+  identity and by the entries they had before the call, each the same way (`COUNTS["calls"] += 1`, a list kept under
+  a key); an entry added is no change: a forward that fills a cache keyed by shape (a mask per length) is common,
+  and replaying it fills nothing new. Sets count by identity only. Dunder names (`__warningregistry__`, which
+  `warnings.warn` fills) are left out;
 - the attributes of the module classes themselves (`type(self).calls += 1`), the same way;
 - text written to `sys.stdout` or `sys.stderr` by the calling thread, and log records made on it (outside
   aitune's own loggers), while the call ran: `_OutputRoute` stands in for both streams and for the log record
@@ -35,7 +36,8 @@ from typing import Any
 
 import torch
 
-from aitune_core.recording.module_effects import fingerprint, first_difference
+from aitune_core.recording.module_effects import first_difference
+from aitune_core.recording.value_fingerprint import entries, fingerprint
 
 _LOGS = (list, bytearray, collections.deque)
 
@@ -64,12 +66,15 @@ def _unwrapped(forward: Any) -> list[Any]:
     return functions
 
 
-def _state(spaces: dict[str, Any]) -> dict[tuple[str, str], Any]:
-    state: dict[tuple[str, str], Any] = {}
+def _state(spaces: dict[str, Any]) -> dict[tuple[str, Any], Any]:
+    state: dict[tuple[str, Any], Any] = {}
     for label, namespace in spaces.items():
         for name, value in list(namespace.items()):
             if isinstance(name, str) and not (name.startswith("__") and name.endswith("__")):
                 state[(label, name)] = fingerprint(value, _LOGS)
+                if type(value) is dict:
+                    for key, entry in entries(value, _LOGS).items():
+                        state[(label, (name, key))] = entry
     return state
 
 
@@ -186,8 +191,15 @@ class OutsideEffects:
         events, self._events = self._events, None
         if _ROUTE.stop() != events:
             return "prints or logs"
-        difference = first_difference(self._state, _state(self._spaces))
+        difference = first_difference(self._state, _state(self._spaces), added=_added_global)
         if difference is None:
             return None
         (label, name), removed = difference
-        return f"{'removes' if removed else 'changes'} `{name}` of {label}"
+        what = f"{name[0]}[{name[1]!r}]" if isinstance(name, tuple) else name
+        return f"{'removes' if removed else 'changes'} `{what}` of {label}"
+
+
+def _added_global(key: tuple[str, Any]) -> bool:
+    """Whether a global that is new after the call counts as a change: a new name does, a new entry of a global
+    dict does not (a cache filled by shape; the module docstring)."""
+    return not isinstance(key[1], tuple)

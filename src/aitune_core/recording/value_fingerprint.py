@@ -1,0 +1,120 @@
+"""Fingerprints of Python values, compared before and after one call to tell what the call changed.
+
+Why: tuning replays recorded calls on the program's own module, so a call that keeps state must be recognised
+before it is replayed (`module_effects`, `outside_effects`). A fingerprint reads no tensor data: tensors count by
+identity and version counter, which every in-place write moves.
+
+- `fingerprint(value)`: one level - simple values by value, tensors by identity and version, the given sized
+  containers by identity and length, anything else by identity.
+- `contents_fingerprint(value, depth)`: also looks `depth` levels into dicts, lists, tuples, deques and plain
+  objects (instances with a `__dict__` that are not modules, classes, functions or the standard library's
+  machinery). Where state is kept one level down, the one-level fingerprint saw nothing: a step count in
+  `self.stats["steps"] += 1`, a cache list inside a dict attribute, `self.meter.n += 1` - a forward of that kind,
+  replayed by tuning, read 520 steps after 10 calls (a reviewer's script on this project's CPU, 2026-11-26).
+  Long containers are read at both ends only (`ITEMS`), an object seen twice is read once (a transformers
+  `config` shared by every layer).
+- `entries(value)`: a dict's entries, each by `fingerprint` - for globals, where a dict that gains keys is a cache
+  and one whose existing entries change is a counter.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import functools
+import itertools
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
+SIZED = (list, dict, set, bytearray)
+#: items of a container read by `contents_fingerprint`: the first and the last half of this many
+ITEMS = 64
+#: classes from these top-level modules are not walked into (locks, loggers with their level caches, streams)
+_MACHINERY = frozenset({"torch", "logging", "threading", "_thread", "concurrent", "asyncio", "multiprocessing",
+                        "queue", "io", "_io", "weakref", "socket", "ssl", "subprocess", "selectors", "tqdm"})
+_NOT_PLAIN = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+              functools.partial, torch.nn.Module)
+
+
+def tensor_fingerprint(value: torch.Tensor) -> tuple[Any, ...]:
+    try:
+        return ("tensor", id(value), value._version)
+    except RuntimeError:  # inference tensors track no version counter
+        return ("tensor", id(value), None)
+
+
+def fingerprint(value: Any, sized: tuple[type, ...] = SIZED) -> Any:
+    """A value as compared before and after a call: tensors by identity and version, simple values by value (a
+    NaN equal to itself), `sized` containers by identity and length, anything else by identity."""
+    if isinstance(value, torch.Tensor):
+        return tensor_fingerprint(value)
+    if isinstance(value, SIMPLE):
+        return ("value", type(value), value if value == value else "nan")
+    if isinstance(value, sized):
+        return ("sized", id(value), len(value))
+    return ("object", id(value))
+
+
+def _ends(items: Iterable[Any], size: int, backwards: Any) -> list[Any]:
+    """The first and last `ITEMS // 2` of `items` (all of them when there are at most `ITEMS`)."""
+    if size <= ITEMS:
+        return list(items)
+    half = ITEMS // 2
+    return list(itertools.islice(items, half)) + list(itertools.islice(backwards, half))
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, _NOT_PLAIN) or not hasattr(value, "__dict__"):
+        return False
+    return str(type(value).__module__).partition(".")[0] not in _MACHINERY
+
+
+def _key(key: Any) -> Any:
+    return key if isinstance(key, SIMPLE) else ("object", id(key))
+
+
+def contents_fingerprint(value: Any, depth: int = 2, memo: dict[int, Any] | None = None) -> Any:
+    """`fingerprint`, looking `depth` levels into containers and plain objects (module docstring); `memo` (one per
+    state taken) reads an object seen twice once, and stops at a container that holds itself."""
+    if depth <= 0 or isinstance(value, (torch.Tensor, *SIMPLE)):
+        return fingerprint(value)
+    memo = {} if memo is None else memo
+    known = memo.get(id(value))
+    if known is not None:
+        return known
+    memo[id(value)] = ("cycle", id(value))
+    try:
+        result = _contents(value, depth, memo)
+    except RuntimeError:  # (changed by another thread while read: its size and identity still tell)
+        result = fingerprint(value)
+    memo[id(value)] = result
+    return result
+
+
+def _contents(value: Any, depth: int, memo: dict[int, Any]) -> Any:
+    inner = depth - 1
+    if isinstance(value, dict):
+        items = _ends(value.items(), len(value), reversed(value.items()))
+        return ("dict", id(value), len(value),
+                tuple((_key(k), contents_fingerprint(v, inner, memo)) for k, v in items))
+    if isinstance(value, (list, tuple, collections.deque)):
+        items = _ends(iter(value), len(value), reversed(value))
+        return ("sequence", id(value), len(value), tuple(contents_fingerprint(v, inner, memo) for v in items))
+    if _plain(value):
+        state = vars(value)
+        items = _ends(state.items(), len(state), reversed(state.items()))
+        return ("plain", id(value), tuple((k, contents_fingerprint(v, inner, memo)) for k, v in items))
+    return fingerprint(value)
+
+
+def entries(value: dict[Any, Any], sized: tuple[type, ...] = SIZED) -> dict[Any, Any]:
+    """A dict's entries (read at both ends when long), each by `fingerprint`, keyed like `contents_fingerprint`."""
+    try:
+        items = _ends(value.items(), len(value), reversed(value.items()))
+    except RuntimeError:  # (changed by another thread while read)
+        return {}
+    return {_key(k): fingerprint(v, sized) for k, v in items}
