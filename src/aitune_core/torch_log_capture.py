@@ -18,7 +18,9 @@ before) changed process-wide state: the program's warnings went into the job's c
 its filters were replaced (a program run with `-W error` saw no error from its own warning during tuning). Now
 `warnings.showwarning` is wrapped while any capture runs (`_WarningRoute`): a warning shown on a capturing
 thread goes to that thread's collection, any other goes to whatever `showwarning` was before. A warning the
-program's filters turn into an error raises inside tuning, which then fails; the program is not affected.
+program's filters turn into an error raises inside tuning, which then fails; the program is not affected. The
+`catch_warnings` blocks torch's compile path enters on the capturing thread, and the filters it adds in them, stay
+that thread's own (`thread_warnings.private_warnings`).
 
 A process forked while a capture runs has no thread to end it: the child puts torch's handlers and
 `warnings.showwarning` back at once (`os.register_at_fork`).
@@ -28,13 +30,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from aitune_core.thread_warnings import forget_shown, private_warnings
 
 #: at most this many lines are kept per capture (a compile can log thousands at DEBUG)
 MAX_LINES = 200
@@ -55,6 +58,10 @@ class CapturedLogs:
             self.lines.append(line)
         else:
             self.dropped += 1
+
+    def add_warning(self, message: Any) -> None:
+        """A `warnings.WarningMessage` shown on the capturing thread."""
+        self.add(f"{message.category.__name__}: {message.message}", False)
 
     def summary(self) -> str:
         """One line: how much was captured and the first line of it."""
@@ -100,7 +107,7 @@ def capture_torch_logs() -> Iterator[CapturedLogs]:
         logger.propagate = False
     _running.append(saved)
     try:
-        with _ROUTE.to(captured):
+        with _ROUTE.to(captured), private_warnings(captured.add_warning):
             yield captured
     finally:
         _put_back(saved)
@@ -153,31 +160,10 @@ class _WarningRoute:
         sink = self._sinks.get(threading.get_ident())
         if sink is not None:
             sink.add(f"{category.__name__}: {message}", False)
-            _not_shown(message, category, filename, lineno)
+            forget_shown(message, category, filename, lineno)
             return
         previous = self._previous or warnings._showwarning_orig  # (removed meanwhile by another thread)
         previous(message, category, filename, lineno, file, line)
-
-
-def _not_shown(message: Any, category: type, filename: str, lineno: int) -> None:
-    """Take a collected warning out of Python's once-per-place records: the warning was not shown, and the
-    program's own call that warns at the same place must still show it.
-
-    Why: a replay of a recorded call on the job thread warned first (a deprecated argument of transformers'
-    `forward`), Python noted the place as done in the warning module's `__warningregistry__`, and the program's
-    own warning there never appeared (sixth review, 2026-11-26)."""
-    text = str(message)
-    keys = ((text, category, lineno), (text, category, 0))
-    try:
-        for module in list(sys.modules.values()):
-            if getattr(module, "__file__", None) == filename:
-                registry = getattr(module, "__warningregistry__", None)
-                if isinstance(registry, dict):
-                    for key in keys:
-                        registry.pop(key, None)
-        warnings.onceregistry.pop((text, category), None)
-    except Exception:  # (a module whose attributes cannot be read: the record stays)
-        pass
 
 
 _ROUTE = _WarningRoute()

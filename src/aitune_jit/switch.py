@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from aitune_core import thread_warnings
 from aitune_core.log import install_stderr_warnings, remove_stderr_warnings
 from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_rng
 
@@ -24,6 +25,7 @@ def disable() -> None:
     hook.uninstall()
     job_rng.uninstall()
     fx_trace_lock.uninstall()
+    thread_warnings.uninstall()
     remove_stderr_warnings()
 
 
