@@ -9,16 +9,18 @@ draws the same numbers again. Plain `torch.compile` on a second thread does the 
 `torch.rand` and 2 of 240 of `random.random` repeated while one compile ran beside them).
 
 The same holds for the process-wide settings dynamo saves and puts back (`PROCESS_SETTINGS`: the default dtype,
-deterministic algorithms): a program that changed one while a job compiled found it changed back.
+deterministic algorithms, the float32 matmul precision): a program that changed one while a job compiled found it
+changed back (`torch.set_float32_matmul_precision("high")` read back as "none" after a background job, and a
+program that had set the legacy `allow_tf32` flag then died reading it: torch refuses a mix of its two APIs).
 
 How: while a thread is inside `on_job_thread()` (the worker's job and side-job bodies), `torch.set_rng_state`,
-`torch.random.set_rng_state`, `torch.cuda.set_rng_state`, `random.setstate`, `torch.set_default_dtype` and
-`torch.use_deterministic_algorithms` do nothing on that thread; on every other thread they are torch's and
-Python's own. A job has nothing of its own to undo there: what it replays draws
-no random numbers (a module whose recorded calls draw is not tuned, `aitune_core/recording/module_effects.py`),
+`torch.random.set_rng_state`, `torch.cuda.set_rng_state`, `random.setstate`, `torch.set_default_dtype`,
+`torch.use_deterministic_algorithms` and `torch._C._set_fp32_precision_setter` do nothing on that thread; on every
+other thread they are torch's and Python's own. A job has nothing of its own to undo there: what it replays draws no
+random numbers (a module whose recorded calls draw is not tuned, `aitune_core/recording/module_effects.py`),
 validation makes its inputs with a generator of its own, and compiling draws nothing. The patches
-(`aitune_core.patch.Patch`) are applied by `install()` before the first job starts and taken off by
-`uninstall()` when JIT tuning is switched off.
+(`aitune_core.patch.Patch`) are applied by `install()` before the first job starts and taken off by `uninstall()`
+when JIT tuning is switched off.
 
 One more draw came from an import: `rich.style` (the tables and history aitune prints) takes one number from
 Python's `random` when it is first imported, which aitune did lazily, on a job thread or inside a blocking tune.
@@ -82,7 +84,8 @@ def _skip_on_job_thread(original: Callable[..., Any]) -> Callable[..., Any]:
 #: process-wide settings dynamo also saves and puts back around a compile: a program that switched its default dtype
 #: (or deterministic algorithms) while a job compiled had the change undone when the compile ended (a reviewer's
 #: script: `torch.set_default_dtype(torch.float64)`, then float32 again a moment later)
-PROCESS_SETTINGS: tuple[tuple[Any, str], ...] = ((torch, "set_default_dtype"), (torch, "use_deterministic_algorithms"))
+PROCESS_SETTINGS: tuple[tuple[Any, str], ...] = ((torch, "set_default_dtype"), (torch, "use_deterministic_algorithms"),
+                                                 (torch._C, "_set_fp32_precision_setter"))
 
 
 def _targets() -> list[tuple[Any, str]]:

@@ -117,3 +117,23 @@ def test_a_job_thread_does_not_put_back_the_default_dtype_or_deterministic_flag(
     finally:
         torch.set_default_dtype(torch.float32)
         torch.use_deterministic_algorithms(was_deterministic)
+
+
+def test_a_job_thread_does_not_put_back_the_float32_matmul_precision(patched):
+    # dynamo saves the CUDA matmul precision before a compile and sets it back after (even on a CPU-only torch): a
+    # program's set_float32_matmul_precision("high") made meanwhile read back "none"
+    before = torch.get_float32_matmul_precision()
+    saved = torch._C._get_fp32_precision_getter("cuda", "matmul")
+    torch.set_float32_matmul_precision("high")  # the program's change, made while the job compiled
+    try:
+        def dynamo_restore() -> None:
+            with job_rng.on_job_thread():
+                torch._C._set_fp32_precision_setter("cuda", "matmul", saved)
+
+        thread = threading.Thread(target=dynamo_restore)
+        thread.start()
+        thread.join()
+        assert torch._C._get_fp32_precision_getter("cuda", "matmul") == "tf32"
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
