@@ -57,6 +57,7 @@ OLDEST = 2
 _lock = threading.Lock()
 _active = 0  # jobs inside `courteous()` (one at a time in practice; counted to restore exactly once)
 _saved_interval: float | None = None
+_set_interval: float | None = None  # the interval the first job set (the program's own, if it differs at the end)
 _frozen_by_job: int | None = None  # objects frozen when the first job froze the heap (None: the job froze nothing)
 #: objects frozen before aitune was imported (the interpreter's own on Python 3.12): not the program's freeze
 FROZEN_AT_IMPORT = gc.get_freeze_count()
@@ -92,7 +93,7 @@ def courteous() -> Iterator[None]:
 def _enter(policy: str) -> str:
     """Count the job in; the first one sets the interval and freezes. Returns the policy this job runs under: a
     freeze policy becomes "pause" when the program has frozen objects of its own (module docstring)."""
-    global _active, _saved_interval, _frozen_by_job
+    global _active, _saved_interval, _frozen_by_job, _set_interval
     interval = switch_interval_s()
     with _lock:
         _active += 1
@@ -104,6 +105,7 @@ def _enter(policy: str) -> str:
         if interval is not None:
             _saved_interval = sys.getswitchinterval()
             sys.setswitchinterval(interval)
+            _set_interval = sys.getswitchinterval()  # (as the interpreter rounded it)
         if policy in ("freeze", "refreeze"):
             gc.freeze()
             _frozen_by_job = gc.get_freeze_count()
@@ -119,7 +121,8 @@ def _leave() -> None:
         if _active != 0:
             return
         if _saved_interval is not None:
-            sys.setswitchinterval(_saved_interval)
+            if sys.getswitchinterval() == _set_interval:  # (an interval the program set meanwhile is its own)
+                sys.setswitchinterval(_saved_interval)
             _saved_interval = None
         if _freeze_survivors in gc.callbacks:
             gc.callbacks.remove(_freeze_survivors)

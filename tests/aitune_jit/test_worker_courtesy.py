@@ -24,6 +24,17 @@ def test_switch_interval_is_lowered_during_the_job_and_restored(monkeypatch):
         assert sys.getswitchinterval() == before
 
 
+def test_an_interval_the_program_sets_while_a_job_runs_is_kept(monkeypatch):
+    monkeypatch.delenv("AITUNE_WORKER_SWITCH_US", raising=False)
+    before = sys.getswitchinterval()
+    try:
+        with wc.courteous():
+            sys.setswitchinterval(0.002)  # the program's own, made while the job ran
+        assert sys.getswitchinterval() == pytest.approx(0.002, rel=0.01)
+    finally:
+        sys.setswitchinterval(before)
+
+
 def test_freeze_hides_the_old_heap_during_the_job_and_gives_it_back(monkeypatch):
     monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
     assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
