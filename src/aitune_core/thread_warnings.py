@@ -30,6 +30,7 @@ untouched.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
 import threading
@@ -68,6 +69,12 @@ def private_warnings(sink: Callable[[Any], None] | None = None) -> Iterator[None
     finally:
         sinks.pop()
         _state.depth -= 1
+
+
+def to_debug_log(message: Any) -> None:
+    """A sink for `private_warnings`: the warning logged at DEBUG (logger `aitune.warnings`) - a side job's imports
+    warn (torch's deprecations), and none of that may reach the program's `catch_warnings(record=True)` blocks."""
+    logging.getLogger("aitune.warnings").debug("%s: %s", message.category.__name__, message.message)
 
 
 def _private() -> bool:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aitune_core.thread_warnings import private_warnings, to_debug_log
 from aitune_jit import capture_guard, device_guard_pin, fx_trace_lock, job_rng, py_start_gate, training_switch
 from aitune_jit.config import jit_config
 from aitune_jit.job_cancel import (
@@ -396,7 +397,7 @@ def start_side_job(name: str, task: Callable[[], None], imported: threading.Even
     def body() -> None:
         _local.job = job
         try:
-            with job_rng.on_job_thread(), steps_aside() as job.gate:
+            with job_rng.on_job_thread(), steps_aside() as job.gate, private_warnings(to_debug_log):
                 task()
         except Exception:
             _logger.debug("%s failed", name, exc_info=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -396,6 +397,25 @@ def test_a_tuning_job_waits_for_a_side_jobs_imports_not_for_the_rest_of_it():
     release.set()
     thread.join(5)
     assert not worker._side_jobs
+
+
+def test_a_side_jobs_warnings_stay_out_of_the_programs_record_block():
+    # the compiler prefetch imports Inductor beside a warm start; torch's deprecation warnings of those imports
+    # went into a serving script's catch_warnings(record=True) blocks (1 to 14 per run)
+    opened, warned = threading.Event(), threading.Event()
+
+    def task() -> None:
+        opened.wait(5)
+        warnings.warn("a side job's deprecation", DeprecationWarning, stacklevel=1)
+        warned.set()
+
+    with warnings.catch_warnings(record=True) as program:
+        warnings.simplefilter("always")
+        thread = worker.start_side_job("test-warns", task)
+        opened.set()
+        warned.wait(5)
+    thread.join(5)
+    assert [str(w.message) for w in program] == []
 
 
 def test_a_job_cancelled_before_its_thread_started_does_not_run(background):
