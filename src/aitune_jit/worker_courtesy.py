@@ -20,7 +20,8 @@ and the sampled stacks put the main thread inside ordinary eager ops (a convolut
   is not collected until the job ends, and in one of its runs the `reduce-overhead` candidate failed torch's
   check that every tensor left in the CUDA-graph pool is an output (an error seen before without it, not shown to
   be caused by it). With `AITUNE_WORKER_GC=pause` automatic collection is off during the job instead and one
-  collection of the youngest generation follows it; `keep` leaves the collector alone.
+  collection of the youngest generation follows it (unless the program's own last word during the job was
+  `gc.disable()`: it stays off); `keep` leaves the collector alone.
   `gc.freeze()` is also a program's own tool (a server that preloads and forks freezes its heap so the children
   share its pages): a program that has frozen objects when a job starts keeps its arrangement (the job freezes
   nothing and pauses automatic collection instead, as `pause` does), and one that freezes more while a job runs
@@ -42,8 +43,9 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from aitune_core.patch import Patch
 from aitune_jit.worker_env import env_choice, env_number
 
 _logger = logging.getLogger("aitune.jit")
@@ -79,15 +81,39 @@ def courteous() -> Iterator[None]:
     """Run a tuning job with the GIL handed back quickly and full collections kept small (module docstring)."""
     policy = _enter(gc_policy())
     paused = policy == "pause" and gc.isenabled()
+    watch: list[Patch] = []
     if paused:
         gc.disable()
+        watch = _watch_program_gc()
     try:
         yield
     finally:
         if paused:
-            gc.enable()
-            gc.collect(0)
+            for patch in reversed(watch):
+                patch.restore()
+            if _program_gc != [False]:  # (a program that switched collection off meanwhile keeps it off)
+                gc.enable()
+                gc.collect(0)
         _leave()
+
+
+#: the program's last `gc.enable()` (True) or `gc.disable()` (False) while a job paused collection
+_program_gc: list[bool] = []
+
+
+def _watch_program_gc() -> list[Patch]:
+    """Note the program's own `gc.enable()` / `gc.disable()` while a job has paused collection: a preforking server
+    that switched collection off during a job found it on again after it (ninth review, 2026-11-26)."""
+    _program_gc.clear()
+
+    def noting(original: Callable[[], None], enabled: bool) -> Callable[[], None]:
+        def call() -> None:
+            _program_gc[:] = [enabled]
+            original()
+        return call
+
+    return [Patch(gc, "disable", noting(gc.disable, False)).apply(),
+            Patch(gc, "enable", noting(gc.enable, True)).apply()]
 
 
 def _enter(policy: str) -> str:

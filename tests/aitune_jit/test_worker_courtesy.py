@@ -52,6 +52,21 @@ def test_pause_turns_automatic_collection_off_and_back_on_even_when_the_job_fail
     assert gc.isenabled() and sys.getswitchinterval() == before
 
 
+def test_a_program_that_switches_collection_off_during_a_paused_job_keeps_it_off(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_GC", "pause")
+    original_disable = gc.disable
+    try:
+        with wc.courteous():
+            gc.disable()  # the program's own, made while the job ran
+        assert not gc.isenabled() and gc.disable is original_disable
+        with wc.courteous():
+            gc.disable()
+            gc.enable()  # switched off and on again: its last word counts
+        assert gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_bad_values_warn_and_fall_back_to_the_defaults(monkeypatch, caplog):
     monkeypatch.setenv("AITUNE_WORKER_GC", "sometimes")
     monkeypatch.setenv("AITUNE_WORKER_SWITCH_US", "fast")
