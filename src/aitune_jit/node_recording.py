@@ -169,6 +169,7 @@ class NodeRecording:
             return False
         if torch.is_grad_enabled() and (
             self._trainable
+            or self._unfrozen(module)
             or any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
             or any(isinstance(v, torch.Tensor) and v.requires_grad for v in kwargs.values())
         ):
@@ -179,6 +180,14 @@ class NodeRecording:
             )
             return False
         return True
+
+    def _unfrozen(self, module: torch.nn.Module) -> bool:
+        """Whether a module that had no trainable parameters when it was adopted has some now (the program
+        unfroze it: `requires_grad_(True)`); its grad-enabled calls then run eagerly. Asked only of calls made with
+        gradients enabled."""
+        if any(p.requires_grad for p in module.parameters()):
+            self._trainable = True
+        return self._trainable
 
     def _record(
         self,

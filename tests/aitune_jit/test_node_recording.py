@@ -223,3 +223,26 @@ def test_a_forward_that_keeps_its_state_in_a_dict_attribute_is_not_replayed():
     assert float(model.stats["steps"]) == 10.0
     for got, want in zip(outputs, expected):
         torch.testing.assert_close(got, want)
+
+
+def test_a_model_unfrozen_after_tuning_runs_its_grad_calls_eagerly():
+    # a frozen backbone was tuned; after requires_grad_(True) its grad-enabled calls still went to the compiled
+    # backend (the parameters were checked once, when the module was adopted)
+    _setup()
+    CountingBackend.reset_counts()
+    model = make_mlp().eval().requires_grad_(False)
+    enable()
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.randn(2, 32))
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.TUNED
+    model(torch.randn(2, 32))  # gradients enabled, nothing trainable: an inference call, dispatched
+    dispatched = CountingBackend.infers
+    assert dispatched > 0
+    model.requires_grad_(True)
+    out = model(torch.randn(2, 32))
+    assert CountingBackend.infers == dispatched and out.grad_fn is not None
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    disable()
