@@ -81,9 +81,28 @@ def point_inductor_cache() -> None:
                 return
         except Exception:  # a torch without that helper: leave the variable alone
             return
-    _pointed = str(Path(jit_config.cache_dir).absolute() / INDUCTOR)
+    target = str(Path(jit_config.cache_dir).absolute() / INDUCTOR)
+    if any(character.isspace() for character in target):
+        _warn_unpointed(target)
+        return
+    _pointed = target
     if current != _pointed:
         os.environ[INDUCTOR_CACHE_ENV] = _pointed
+
+
+def _warn_unpointed(target: str) -> None:
+    """Inductor's C++ builds pass its cache folder to the compiler unquoted: under a folder whose path holds a
+    space every CPU build failed ("CppCompileError"), and the failure was stored as each module's decision (a
+    reviewer's `AITUNE_JIT_CACHE_DIR="/tmp/x/with space"`). Inductor then keeps its own default folder."""
+    global _unpointed_warned
+    if not _unpointed_warned:
+        _unpointed_warned = True
+        _logger.warning("aitune: the JIT cache folder %r has a space in its path, which Inductor's C++ builds cannot "
+                        "take; Inductor's own caches stay in their default folder (decisions are still kept there)",
+                        str(Path(target).parent))
+
+
+_unpointed_warned = False
 
 
 def keys_for(node: TuningNode, graphs: list[GraphSpec], strategy: Any, device: torch.device) -> dict[str, str]:

@@ -320,6 +320,22 @@ def test_inductors_cache_folder_goes_under_the_cache_dir_and_follows_it_unless_s
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "theirs")
 
 
+def test_a_cache_folder_with_a_space_leaves_inductors_folder_at_its_default_with_one_warning(
+        monkeypatch, tmp_path, caplog):
+    # Inductor's C++ builds pass the folder unquoted: every CPU build failed there, and the failure was stored
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "-")  # (restored after the test)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setattr(decisions, "_pointed", None)
+    monkeypatch.setattr(decisions, "_unpointed_warned", False)
+    monkeypatch.setattr(jit_config, "cache_dir", str(tmp_path / "with space"))
+    with caplog.at_level(logging.WARNING, logger="aitune.jit"):
+        decisions.point_inductor_cache()
+        decisions.point_inductor_cache()
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+    warned = [r for r in caplog.records if "has a space in its path" in r.getMessage()]
+    assert len(warned) == 1
+
+
 def test_an_entry_edited_to_set_a_program_for_inductor_is_refused_with_a_warning(caplog):
     """A decision in a shared cache folder, edited (checksum recomputed) to name Inductor's C++ compiler: the
     configuration is refused before anything is built, with one WARNING, and the graph is tuned normally."""
