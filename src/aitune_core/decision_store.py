@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -39,6 +40,8 @@ _logger = logging.getLogger("aitune.cache")
 
 DECISIONS = "decisions"
 INDUCTOR = "inductor"
+#: the file aitune puts in the Inductor folder it chose (`cache clear` removes only such a folder)
+INDUCTOR_MARKER = ".aitune-inductor-cache"
 PACKAGES = "packages"
 #: what a decision says: run a backend, or stay eager
 KINDS = ("backend", "eager")
@@ -136,7 +139,7 @@ class DecisionStore:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return None
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:  # (bytes that are not UTF-8: damaged, warned like any other)
             _warn_once(path, f"cannot be read ({exc})")
             return None
         return self._parse(path, text, key)
@@ -182,11 +185,11 @@ class DecisionStore:
         """Every stored entry with its decision (None when unusable), oldest file first."""
         if not self.folder.is_dir():
             return
-        paths = sorted(self.folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        paths = sorted((p for p in self.folder.glob("*.json") if own_entry(p.name)), key=_modified)
         for path in paths:
             try:
                 text = path.read_text(encoding="utf-8")
-            except OSError:
+            except (OSError, UnicodeDecodeError):
                 yield path, None
                 continue
             yield path, self._parse(path, text, None)
@@ -197,8 +200,26 @@ class DecisionStore:
         if not self.folder.is_dir():
             return 0
         for path in self.folder.iterdir():
-            if path.suffix in (".json", ".tmp") and path.is_file():
+            if (own_entry(path.name) or _OWN_TEMPORARY.fullmatch(path.name)) and (path.is_file() or path.is_symlink()):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                     removed += path.suffix == ".json"
         return removed
+
+
+#: the names this store writes: `<key>.json` (a SHA-256 key) and its writers' temporary files
+_OWN_ENTRY = re.compile(r"[0-9a-f]{64}\.json")
+_OWN_TEMPORARY = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
+
+
+def own_entry(name: str) -> bool:
+    """Whether a file name is one of this store's entries: `list` shows and `clear` removes only those (a
+    program's own `config.json` in a cache folder given as `--dir .` was listed as unusable and then deleted)."""
+    return bool(_OWN_ENTRY.fullmatch(name))
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # (a dangling link, or removed meanwhile: listed first, then as unreadable)
+        return 0.0

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aitune_core.decision_key import decision_key
-from aitune_core.decision_store import INDUCTOR, Decision, DecisionStore
+from aitune_core.decision_store import INDUCTOR, INDUCTOR_MARKER, Decision, DecisionStore
 from aitune_core.specs.replay_state import describe_replay_state
 from aitune_jit.config import jit_config
 from aitune_jit.node_registry import registry
@@ -88,6 +88,9 @@ def point_inductor_cache() -> None:
     _pointed = target
     if current != _pointed:
         os.environ[INDUCTOR_CACHE_ENV] = _pointed
+    with contextlib.suppress(OSError):  # (`cache clear` removes a folder marked as aitune's only)
+        Path(target).mkdir(parents=True, exist_ok=True)
+        (Path(target) / INDUCTOR_MARKER).touch()
 
 
 def _warn_unpointed(target: str) -> None:

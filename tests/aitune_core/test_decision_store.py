@@ -57,6 +57,18 @@ def test_damaged_entries_are_ignored_with_one_warning(tmp_path, caplog, damage, 
     assert [d for _p, d in store.entries()] == [None]
 
 
+def test_an_entry_of_bytes_that_are_not_utf8_is_ignored_with_one_warning(tmp_path, caplog):
+    store = DecisionStore(tmp_path)
+    path = store.put(_backend())
+    path.write_bytes(b"\xff\xfe" + path.read_bytes())
+    with caplog.at_level(logging.WARNING, logger="aitune.cache"):
+        assert store.get(KEY) is None
+        assert store.get(KEY) is None
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "cannot be read" in warnings[0]
+    assert [d for _p, d in store.entries()] == [None]
+
+
 def test_an_entry_under_another_key_is_ignored(tmp_path, caplog):
     """A consistent entry copied (or renamed) to another key's file is not that key's decision."""
     store = DecisionStore(tmp_path)

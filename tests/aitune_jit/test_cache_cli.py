@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from aitune_core.decision_store import Decision, DecisionStore
+from aitune_core.decision_store import INDUCTOR_MARKER, Decision, DecisionStore
 from aitune_jit.cache_cli import main
 from aitune_jit.config import jit_config
 
@@ -22,6 +22,7 @@ def _fill(root):
     damaged.write_text(damaged.read_text()[:30])
     (root / "inductor" / "fxgraph").mkdir(parents=True)
     (root / "inductor" / "fxgraph" / "entry").write_bytes(b"x" * 2048)
+    (root / "inductor" / INDUCTOR_MARKER).touch()  # (what `decisions.point_inductor_cache` leaves there)
     return store
 
 
@@ -40,6 +41,25 @@ def test_clear_removes_decisions_packages_and_inductor_artifacts(tmp_path, capsy
     assert "removed 2 decision(s)" in capsys.readouterr().out
     assert list(store.entries()) == [] and not (tmp_path / "inductor").exists()
     assert not (tmp_path / "packages").exists()
+
+
+def test_clear_and_list_leave_files_aitune_did_not_write(tmp_path, capsys):
+    # `--dir .` in a project: its own packages/, decisions/config.json and an unmarked inductor/ were deleted
+    store = _fill(tmp_path)
+    (tmp_path / "packages" / "mylib.py").write_text("code")
+    (tmp_path / "decisions" / "config.json").write_text('{"mine": 1}')
+    (tmp_path / "decisions" / "draft.tmp").write_text("keep")
+    (tmp_path / "inductor" / INDUCTOR_MARKER).unlink()
+    (tmp_path / "decisions" / ("ef" * 32 + ".json")).symlink_to(tmp_path / "gone")  # a dangling link
+    assert main(["list", "--dir", str(tmp_path)]) == 0
+    assert "config.json" not in capsys.readouterr().out
+    assert main(["clear", "--dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "left" in out and "inductor" in out
+    assert (tmp_path / "packages" / "mylib.py").read_text() == "code"
+    assert (tmp_path / "decisions" / "config.json").exists() and (tmp_path / "decisions" / "draft.tmp").exists()
+    assert (tmp_path / "inductor" / "fxgraph" / "entry").exists()
+    assert not (tmp_path / "packages" / f"{'ab' * 32}.pt2").exists() and list(store.entries()) == []
 
 
 def test_the_default_folder_is_jit_config_cache_dir(tmp_path, capsys):
