@@ -143,18 +143,22 @@ class GraphDispatcher:
         try:
             return backend.infer(*args, **kwargs)
         except Exception as exc:
-            if refused_while_another_thread_traces(exc) or _functorch_transforms_active():
-                # nothing wrong with the backend (a compiled function under `torch.vmap`/`torch.func.grad` is not
-                # supported by torch): no blame, no warning; later plain calls are served by it again
-                return self._original(*args, **kwargs)
-            try:
-                output = self._original(*args, **kwargs)
-            except Exception as own_error:
-                _logger.debug("Module `%s`: the original forward fails on this call too (backend %s: %r)",
-                              self.name, backend.describe(), exc)
-                raise own_error from None  # the user's error, without aitune's backend error as its context
-            self._on_backend_error(backend, exc)
-            return output
+            failure = exc
+        # the original forward runs outside the handler above: an error it raises is chained exactly as in a plain
+        # run (its own `raise ... from e`, its own context), never to the backend's error (a `from None` here wiped
+        # a user's `__cause__`)
+        if refused_while_another_thread_traces(failure) or _functorch_transforms_active():
+            # nothing wrong with the backend (a compiled function under `torch.vmap`/`torch.func.grad` is not
+            # supported by torch): no blame, no warning; later plain calls are served by it again
+            return self._original(*args, **kwargs)
+        try:
+            output = self._original(*args, **kwargs)
+        except Exception:
+            _logger.debug("Module `%s`: the original forward fails on this call too (backend %s: %r)",
+                          self.name, backend.describe(), failure)
+            raise
+        self._on_backend_error(backend, failure)
+        return output
 
     def settle(self) -> Verdict | None:
         """Review the module now if it changed (refitting stale backends) and return the verdict (None without a
