@@ -357,6 +357,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
     # ------------------------------------------------------------------------------------------ tuned dispatch
     def _dispatch(self, args: tuple, kwargs: dict) -> Any:
         dispatcher = self._dispatcher
+        if dispatcher is None:  # (released - JIT switched off - while the program kept `m.forward`: plain forward)
+            return self._forward_fn(*args, **kwargs)  # type: ignore[misc]
         state = tls
         state.bypass += 1
         try:

@@ -160,3 +160,18 @@ def test_a_librarys_routine_class_swap_sends_the_node_eager_without_a_warning(ca
     changed = [r for r in caplog.records if "forward changed" in r.getMessage()]
     assert node.state is NodeState.EAGER and len(changed) == 1 and changed[0].levelname == "INFO"
     assert "a subclass with the same forward" in changed[0].getMessage()
+
+
+def test_a_forward_the_program_kept_still_answers_after_jit_tuning_is_switched_off() -> None:
+    # a callback holding `m.forward` (or a wrapper calling it) raised "'NoneType' object is not callable" after
+    # disable(): the released node was still TUNED, without a dispatcher
+    from aitune_jit.switch import disable
+
+    model, node = _tuned_model(lambda: make_mlp())
+    kept = model.forward
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        want = model(x)
+        disable()
+        torch.testing.assert_close(kept(x), want)
+        torch.testing.assert_close(model(x), want)
