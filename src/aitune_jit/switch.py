@@ -15,6 +15,10 @@ def enable() -> None:
     install_stderr_warnings()
     hook.install()
     hook.set_global_mode(True)
+    # before the program's own `torch.compile` wraps anything: a wrapper reads FX's tracing flag at wrap time, and
+    # one made at start-up saw the process-wide flag a job's trace raises ("using FX to symbolically trace a
+    # dynamo-optimized function" from the program's compiled model; `fx_trace_lock`)
+    fx_trace_lock.install()
     compiler_prefetch.start()
 
 

@@ -327,3 +327,16 @@ def test_a_plain_module_call_and_a_parameter_read_on_another_thread_are_plain_du
     out, weight = _during_a_trace(traced, go, inside, action)
     torch.testing.assert_close(out, expected)
     assert type(weight) is torch.nn.Parameter and weight is traced.lin._parameters["weight"]
+
+
+def test_enable_installs_the_lock_before_the_programs_own_compiles_wrap_anything() -> None:
+    # a model the program compiled at start-up read FX's process-wide flag and failed while the first job traced
+    from aitune_jit.switch import disable, enable
+
+    original = torch.fx._symbolic_trace.is_fx_symbolic_tracing
+    enable()
+    try:
+        assert fx_trace_lock.installed() and torch.fx._symbolic_trace.is_fx_symbolic_tracing is not original
+    finally:
+        disable()
+    assert torch.fx._symbolic_trace.is_fx_symbolic_tracing is original
