@@ -167,7 +167,7 @@ def test_a_forward_the_program_kept_still_answers_after_jit_tuning_is_switched_o
     # disable(): the released node was still TUNED, without a dispatcher
     from aitune_jit.switch import disable
 
-    model, node = _tuned_model(lambda: make_mlp())
+    model, _node = _tuned_model(lambda: make_mlp())
     kept = model.forward
     x = torch.randn(2, 32)
     with torch.no_grad():
