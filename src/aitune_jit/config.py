@@ -36,7 +36,7 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
   runs and by processes using the same folder) and backend artifacts; see `aitune_jit.decisions`.
 - `reuse_decisions` [True]: identical modules and later runs reuse tuning decisions (`aitune_jit.decisions`).
 - `blocking` [False]: tune in the call that completes `min_samples`, not on the worker (`aitune_jit.worker`);
-  `tuning_timeout_s` [600]: a worker job still running after this long leaves its module eager (None: never).
+  `tuning_timeout_s` [600]: a worker job still running after this long leaves its module eager (None or inf: never).
 - `precision` [None]: None, "bf16" or "fp16"; adds autocast Inductor candidates to the default backends,
   validated with the tolerance of that dtype (opt-in: it changes numerics within that tolerance).
 - `min_speedup` [None: 1.05 on the CPU, 1.02 on CUDA]: the default strategy keeps a module eager unless a
@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -121,11 +122,19 @@ def _min_samples(name: str, value: Any) -> int:
     return _non_negative_int(name, value, minimum=1)
 
 
-def _optional_number(name: str, value: Any, minimum: float = 0.0) -> float | None:
+def _optional_number(name: str, value: Any, minimum: float = 0.0, *, unlimited: bool = False) -> float | None:
+    """A finite number >= `minimum`, or None; with `unlimited` (a time limit), infinity is None: no limit (an
+    infinite timeout overflowed the worker's waits and nothing was tuned, without a word)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"jit_config.{name} must be a number or None, got {value!r} of type {type(value).__name__}")
+    if math.isnan(value):
+        raise ConfigError(f"jit_config.{name} must be a number or None, got nan")
+    if math.isinf(value) and value > 0:
+        if unlimited:
+            return None
+        raise ConfigError(f"jit_config.{name} must be finite, got {value}")
     if value < minimum:
         raise ConfigError(f"jit_config.{name} must be >= {minimum:g}, got {value}")
     return float(value)
@@ -255,9 +264,11 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "skip_single_layer": (_bool, lambda: True, env_bool),
     "reuse_decisions": (_bool, lambda: True, env_bool),
     "blocking": (_bool, lambda: False, env_bool),
-    "tuning_timeout_s": (lambda name, value: _optional_number(name, value, 0.001), lambda: 600.0, env_optional_float),
+    "tuning_timeout_s": (lambda name, value: _optional_number(name, value, 0.001, unlimited=True), lambda: 600.0,
+                         env_optional_float),
     "retune_after_misses": (_non_negative_int, lambda: 8, env_int),
-    "tuning_budget_s": (_optional_number, lambda: None, env_optional_float),
+    "tuning_budget_s": (lambda name, value: _optional_number(name, value, unlimited=True), lambda: None,
+                        env_optional_float),
     "range_headroom": (_bool, lambda: True, env_bool),
     "stateful_calls": (_bool, lambda: True, env_bool),
 }

@@ -7,6 +7,7 @@ must neither stop the job nor pass silently: it gets one WARNING naming the vari
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Sequence
 
@@ -28,7 +29,10 @@ def env_number(name: str, default: float) -> float:
     if text is None:
         return default
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
-        _logger.warning("%s=%r is not a number; using %g", name, text, default)
+        value = math.nan
+    if not math.isfinite(value):  # (nan and inf too: an infinite wait overflowed the timers, and nothing was tuned)
+        _logger.warning("%s=%r is not a finite number; using %g", name, text, default)
         return default
+    return value

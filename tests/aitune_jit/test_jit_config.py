@@ -33,6 +33,19 @@ def test_defaults():
     assert cfg.min_speedup is None and cfg.min_eager_latency_us is None and cfg.skip_single_layer is True
 
 
+def test_an_infinite_time_limit_is_no_limit():
+    # an infinite timeout overflowed the worker's waits: nothing was tuned, without a word
+    before = jit_config.tuning_timeout_s
+    try:
+        jit_config.tuning_timeout_s = float("inf")
+        assert jit_config.tuning_timeout_s is None
+        jit_config.tuning_budget_s = float("inf")
+        assert jit_config.tuning_budget_s is None
+    finally:
+        jit_config.tuning_timeout_s = before
+        jit_config.tuning_budget_s = None
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
@@ -52,6 +65,10 @@ def test_defaults():
         ("precision", "int8", "'bf16' or 'fp16'"),
         ("device", "gpu", "not a device"),
         ("cache_dir", "", "non-empty"),
+        ("min_speedup", float("nan"), "got nan"),
+        ("min_eager_latency_us", float("nan"), "got nan"),
+        ("min_speedup", float("inf"), "finite"),
+        ("tuning_timeout_s", float("nan"), "got nan"),
     ],
 )
 def test_invalid_values_raise_clear_errors(name, value, message):

@@ -27,4 +27,7 @@ def test_a_number_is_read_and_a_wrong_one_falls_back_with_a_warning(monkeypatch,
     monkeypatch.setenv("AITUNE_WORKER_X", "fast")
     with caplog.at_level(logging.WARNING, logger="aitune.jit"):
         assert env_number("AITUNE_WORKER_X", 25.0) == 25.0
-    assert "AITUNE_WORKER_X='fast' is not a number; using 25" in caplog.text
+    assert "AITUNE_WORKER_X='fast' is not a finite number; using 25" in caplog.text
+    for text in ("inf", "nan", "1e400"):  # an infinite wait overflowed the worker's timers
+        monkeypatch.setenv("AITUNE_WORKER_X", text)
+        assert env_number("AITUNE_WORKER_X", 25.0) == 25.0
