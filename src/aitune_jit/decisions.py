@@ -237,6 +237,24 @@ def _backend_class(decision: Decision) -> type[Backend]:
     return backend_class(str(decision.backend_type))
 
 
+def _check_precision(config: Any) -> None:
+    """A decision that runs the module in reduced precision (autocast) is used only where this process asks for
+    that precision (`jit_config.precision`, or an autocast candidate among `jit_config.backends`): an fp32
+    program whose shared cache entry was edited to autocast bf16 (checksum recomputed) got bf16 answers, validated
+    with bf16's wider tolerance (a reviewer's script: 4.8e-3 off, no warning)."""
+    if not getattr(config, "autocast_enabled", False):
+        return
+    import torch
+
+    dtype = getattr(config, "autocast_dtype", None)
+    wanted = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(jit_config.precision))
+    configured = any(getattr(b.config, "autocast_enabled", False) and getattr(b.config, "autocast_dtype", None) == dtype
+                     for b in jit_config.backends or ())
+    if dtype != wanted and not configured:
+        raise RefusedDecision(f"it runs the module under autocast ({dtype}), a precision this process does not ask "
+                              f"for (jit_config.precision={jit_config.precision!r})")
+
+
 class RefusedDecision(ValueError):
     """A stored decision whose backend configuration is refused (not plain data, or not allowed from a file)."""
 
@@ -255,6 +273,7 @@ def rebuild(
         config = cls.config_class.from_dict(dict(decision.backend_config or {}))
     except (TypeError, ValueError) as exc:  # an entry edited to carry what a file may not (`check_from_file`)
         raise RefusedDecision(str(exc)) from exc
+    _check_precision(config)
     backend = cls(config)
     start = time.perf_counter()
     backend.build(proxy, spec, samples, device, cache_dir / backend.key())

@@ -353,6 +353,24 @@ def test_an_entry_edited_to_set_a_program_for_inductor_is_refused_with_a_warning
     assert len(_tunings("Block")) == 1
 
 
+def test_an_entry_edited_to_run_in_reduced_precision_is_refused_where_full_precision_is_asked(caplog):
+    """A decision edited (checksum recomputed) to run an fp32 program's module under bf16 autocast: refused
+    before anything is built, with one WARNING; the module is tuned normally and answers in fp32."""
+    from aitune_core.backends.torch_inductor import TorchInductorBackend
+
+    _store_edited_block_decision(
+        backend_type="TorchInductorBackend", backend_description="edited",
+        backend_path=f"{TorchInductorBackend.__module__}.{TorchInductorBackend.__qualname__}",
+        backend_config={"autocast_enabled": True, "autocast_dtype": "torch.bfloat16"})
+    assert jit_config.precision is None
+    model = make_mlp(blocks=1)
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        torch.testing.assert_close(run(model, [2, 3, 4]), run(make_mlp(blocks=1), [2, 3, 4]))
+    refused = [r.getMessage() for r in caplog.records if "refused the decision" in r.getMessage()]
+    assert len(refused) == 1 and "autocast (torch.bfloat16)" in refused[0], refused
+    assert len(_tunings("Block")) == 1
+
+
 def test_the_cache_listing_names_a_graph_s_autocast_state():
     from aitune_core.recording.graph_recorder import GraphRecorder
     from aitune_jit.decisions import graph_label
