@@ -50,6 +50,18 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
+#: the type each field of a `Decision` must have (`Decision._check_types`; None is allowed where the field's default
+#: is None)
+_FIELD_TYPES: dict[str, Any] = {
+    "key": str, "kind": str, "backend_type": (str, type(None)), "backend_config": (dict, type(None)),
+    "backend_description": (str, type(None)), "backend_path": (str, type(None)), "reason": (str, type(None)),
+    "reopen": bool, "source": str, "speedup": (int, float, type(None)), "module": str, "graph": str,
+    "environment": dict, "validated_samples": int, "package": (str, type(None)),
+    "package_sha256": (str, type(None)), "created": (int, float),
+}
+_NUMBERS = frozenset({"speedup", "validated_samples", "created"})
+
+
 @dataclasses.dataclass
 class Decision:
     """The outcome of tuning one graph of one module, reusable by identical modules and later processes.
@@ -86,6 +98,18 @@ class Decision:
             raise ValueError(f"unknown decision kind {self.kind!r} (expected one of {KINDS})")
         if self.kind == "backend" and (not self.backend_type or not isinstance(self.backend_config, dict)):
             raise ValueError("a backend decision needs backend_type and backend_config")
+        self._check_types()
+
+    def _check_types(self) -> None:
+        """Every field of the type it is written with: an entry read from a file whose `speedup` was a string
+        failed later, while its backend was built ("aitune failed while tuning it"), and one whose `module` was a
+        number made `cache list` fail."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            expected = _FIELD_TYPES.get(field.name)
+            wrong = expected is not None and not isinstance(value, expected)
+            if wrong or (isinstance(value, bool) and field.name in _NUMBERS):
+                raise ValueError(f"its field {field.name!r} is {type(value).__name__}, not {field.type}")
 
     def describe(self) -> str:
         if self.kind == "backend":

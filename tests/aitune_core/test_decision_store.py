@@ -91,6 +91,11 @@ def test_invalid_decisions_and_keys_are_refused(tmp_path):
     payload["extra"] = 1
     with pytest.raises(ValueError, match="unknown fields"):
         Decision.from_dict(payload)
+    # fields of another type, as an edited entry could carry them: refused when read, not when used
+    for field, value in (("speedup", "fast"), ("module", 123), ("validated_samples", True), ("reopen", "yes")):
+        edited = {**_backend().to_dict(), field: value}
+        with pytest.raises(ValueError, match=f"field '{field}'"):
+            Decision.from_dict(edited)
 
 
 def test_a_package_recorded_later_travels_with_the_decision_and_older_entries_have_none(tmp_path):
