@@ -95,7 +95,10 @@ class NodeTransitions:
             except Exception as exc:  # a strategy, backend or aitune bug: the program carries on eagerly
                 self._follow.clear()
                 if not worker.abandoned():
-                    self._internal_error("tuning", exc)
+                    if self._recorded_calls_fail():  # (the program converted the module meanwhile: `.double()`)
+                        self._record_again(f"its recorded calls fail on it now ({type(exc).__name__}: {exc})")
+                    else:
+                        self._internal_error("tuning", exc)
         finally:
             if owed and self._follow.snapshot() == owed:  # owed before and settled nothing: it never will
                 self._follow.clear()
@@ -226,6 +229,23 @@ class NodeTransitions:
         self._recorded_again = True
         self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
         self._log(f"{self.short}: recording its calls again, the module changed while it was tuned ({reason})")
+
+    def _recorded_calls_fail(self) -> bool:
+        """Whether the module's own forward now raises on its first recorded call. A job that failed that way met
+        a module the program changed after recording it (converted to float64 while its job was queued), not an
+        aitune bug: it records again instead of going eager with a warning."""
+        recorder = self._recorder
+        try:
+            specs = recorder.graph_specs if recorder is not None else []
+            samples = recorder.samples(specs[0]) if specs else []
+            if not samples:
+                return False
+            args, kwargs = samples[0].inputs_to(None)
+            with bypassed(), torch.no_grad():
+                self._forward_fn(*args, **kwargs)  # type: ignore[misc]
+        except Exception:
+            return True
+        return False
 
     def _go_dry_run(self, message: str) -> None:
         """Dry run: log what tuning would do, keep the module as it is, and treat the subtree as covered."""

@@ -246,3 +246,22 @@ def test_a_model_unfrozen_after_tuning_runs_its_grad_calls_eagerly():
     out.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     disable()
+
+
+def test_recorded_calls_that_fail_on_the_module_now_are_told_from_an_aitune_failure():
+    # a model converted with .double() while its job was queued failed the job with a dtype error: that is the
+    # program's change (the node records again), not an aitune bug (one WARNING and the root eager for good)
+    _setup()
+    jit_config.min_samples = 50  # (nothing is tuned here: only the recorded calls matter)
+    model = make_mlp().eval()
+    enable()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(2, 32))
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.RECORDING and not node._recorded_calls_fail()
+    model.double()
+    assert node._recorded_calls_fail()
+    node._record_again("its recorded calls fail on it now (RuntimeError: dtype)")
+    assert node.state is NodeState.RECORDING and node.recorder.total_calls == 0
+    disable()
