@@ -359,11 +359,12 @@ def pending() -> list[str]:
 
 
 def wait_until_tuned(timeout: float | None = None) -> bool:
-    """Wait until background tuning has nothing left to do (queue empty, no job running).
-
-    Returns True when it drained, False when `timeout` seconds passed first. Modules that become ready later
-    (new graphs, children of a module that stayed eager) queue new jobs; call it again after those calls.
-    """
+    """Wait until background tuning has nothing left to do (queue empty, no job running): True when it drained,
+    False when `timeout` seconds (None or inf: no limit) passed first. Modules that become ready later (new graphs,
+    children of a module that stayed eager) queue new jobs; call it again after those calls."""
+    if timeout is not None and (type(timeout) is bool or not isinstance(timeout, int | float) or timeout != timeout):
+        raise TypeError(f"wait_until_tuned: timeout must be a number of seconds or None, got {timeout!r}")
+    timeout = None if timeout == float("inf") else timeout
     worker = _worker
     if worker is None:
         return True

@@ -432,3 +432,11 @@ def test_a_job_cancelled_before_its_thread_started_does_not_run(background):
     assert ran == [] and job.finished.is_set()
     tuning.stop(1.0)
 
+
+
+def test_wait_until_tuned_refuses_a_timeout_that_is_not_a_number_and_takes_inf_as_no_limit():
+    # "5" and nan returned True at once (no worker yet), and would have failed inside the worker later
+    for bad in ("5", float("nan"), True):
+        with pytest.raises(TypeError, match="timeout must be a number of seconds or None"):
+            worker.wait_until_tuned(bad)
+    assert worker.wait_until_tuned(float("inf")) is True
