@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -38,7 +39,28 @@ class prepare_for_jit_tuning(contextlib.ContextDecorator):
 
 
 def patch_for_jit_tuning(fn: F) -> F:
-    """Decorator: modules constructed while `fn` runs become JIT candidates; nothing else is tuned."""
+    """Decorator: modules constructed while `fn` runs become JIT candidates; nothing else is tuned.
+
+    For a generator function or an `async def`, "while `fn` runs" is until the generator is exhausted or the
+    coroutine returns (the scope of a plain wrapper closed when the generator or coroutine object was returned,
+    before its body built anything, and nothing was tuned); what this thread builds while the generator is
+    suspended between its items is in scope too."""
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def coroutine(*args: Any, **kwargs: Any) -> Any:
+            with prepare_for_jit_tuning():
+                return await fn(*args, **kwargs)
+
+        return coroutine  # type: ignore[return-value]
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def generator(*args: Any, **kwargs: Any) -> Any:
+            with prepare_for_jit_tuning():
+                return (yield from fn(*args, **kwargs))
+
+        return generator  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

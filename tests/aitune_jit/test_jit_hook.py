@@ -132,6 +132,33 @@ def test_decorator_mode_tunes_only_modules_built_inside():
     assert torch.nn.Module.__call__ is original
 
 
+def test_the_decorator_on_a_generator_or_async_factory_tunes_what_its_body_builds():
+    # the scope closed when the generator or coroutine object was returned: nothing was tuned, silently
+    import asyncio
+
+    jit_config.min_samples = 100
+
+    @patch_for_jit_tuning
+    def models():
+        yield Block()
+        yield Block()
+
+    @patch_for_jit_tuning
+    async def build():
+        await asyncio.sleep(0)
+        return Block()
+
+    built = [*models(), asyncio.run(build())]
+    assert inspect.isgeneratorfunction(models) and inspect.iscoroutinefunction(build)
+    after = Block()
+    for module in (*built, after):
+        with torch.no_grad():
+            module(torch.randn(2, 32))
+    assert all(PatchedModule.of(module) is not None for module in built)
+    assert PatchedModule.of(after) is None
+    disable()
+
+
 def test_prepare_for_jit_tuning_context_manager_and_threads():
     jit_config.min_samples = 100
     built_elsewhere: list[torch.nn.Module] = []
