@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench-cpu bench-hook clean
+.PHONY: demo test test-all lint bench-cpu bench-hook clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
+
+# Every test, the `heavy` real workloads included (about 2 minutes more than `make test` on 2 cores).
+test-all: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+	AITUNE_TEST_HEAVY=1 $(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples

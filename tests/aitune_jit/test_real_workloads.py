@@ -10,6 +10,9 @@ Tolerances: fp32 outputs of Inductor on the CPU agree with eager to about 1e-5; 
 rtol=1e-3, atol=1e-4 (aitune's own fp32 tolerance). With `AITUNE_JIT_PRECISION=bf16` the UNet's outputs are
 computed under bf16 autocast: rtol=atol=5e-2 (aitune's bf16 tolerance), also for the final latents after the
 DDIM loop.
+
+CI time: LLaMA (beside GPT-2), T5 (beside BART) and the fp32 UNet loop in blocking mode (beside the bf16 one and
+the background one) are `heavy`: `make test-all` runs them (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ def _check(workload: str, tmp_path: Path, tolerance: dict[str, float] = FP32, **
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", ["gpt2", "llama"])
+@pytest.mark.parametrize("workload", ["gpt2", pytest.param("llama", marks=pytest.mark.heavy)])
 def test_decoder_generate_identical(workload, tmp_path):
     """Greedy generate with the default DynamicCache, three prompts; tuning happens during the first one."""
     stderr = _check(workload, tmp_path)
@@ -117,7 +120,7 @@ def test_decoder_generate_identical(workload, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("workload", ["t5", "bart"])
+@pytest.mark.parametrize("workload", [pytest.param("t5", marks=pytest.mark.heavy), "bart"])
 def test_encoder_decoder_generate_identical(workload, tmp_path):
     _check(workload, tmp_path)
 
@@ -149,6 +152,7 @@ def _assert_unet_root_validated(stderr: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # (the bf16 case below validates the root the same way; the fp32 loop runs in the background case)
 def test_unet_ddim_loop_fp32(tmp_path):
     """diffusers UNet2DConditionModel (BaseOutput result) in a DDIM loop with CFG: types kept, outputs close."""
     _assert_unet_root_validated(_check("unet", tmp_path))
