@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import signal
 import threading
 import time
@@ -89,6 +90,7 @@ def test_a_blocking_tune_interrupted_by_the_programs_alarm_raises_its_exception(
     jit_config.min_parameters = 0
     jit_config.min_samples = 2
     CountingBackend.build_delay_s = 5.0  # the build sleeps; the alarm lands inside it
+    importlib.import_module("torch._dynamo")  # (run alone, the alarm landed in sympy's first import: half made)
     model = make_mlp()
     expected = run(make_mlp(), [4, 2])  # (before the hook: an identical MLP, eagerly)
     enable()
