@@ -4,6 +4,7 @@ Layout under the store's folder (for JIT tuning: `jit_config.cache_dir`, i.e. `$
 `~/.cache/aitune/jit`):
 
     decisions/<key>.json     one decision (see `Decision`), named by its key (`aitune_core.decision_key`)
+    decisions/<key>.claim    the process tuning that graph now (`aitune_core.tuning_claim`)
     inductor/                Inductor's own caches (TORCHINDUCTOR_CACHE_DIR), when aitune chose the folder
     packages/<key>.<build>.aotc  a package of the decided graph for warm starts (`Decision.package`), opt-in;
                              `.pt2` for an AOTInductor package
@@ -219,12 +220,14 @@ class DecisionStore:
             yield path, self._parse(path, text, None)
 
     def clear(self) -> int:
-        """Remove every decision (and temporary files left by killed writers); returns how many entries went."""
+        """Remove every decision (and claims and temporary files left by killed writers); returns how many entries
+        went."""
         removed = 0
         if not self.folder.is_dir():
             return 0
         for path in self.folder.iterdir():
-            if (own_entry(path.name) or _OWN_TEMPORARY.fullmatch(path.name)) and (path.is_file() or path.is_symlink()):
+            ours = own_entry(path.name) or _OWN_CLAIM.fullmatch(path.name) or _OWN_TEMPORARY.fullmatch(path.name)
+            if ours and (path.is_file() or path.is_symlink()):
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
                     removed += path.suffix == ".json"
@@ -234,6 +237,8 @@ class DecisionStore:
 #: the names this store writes: `<key>.json` (a SHA-256 key) and its writers' temporary files
 _OWN_ENTRY = re.compile(r"[0-9a-f]{64}\.json")
 _OWN_TEMPORARY = re.compile(r"\.[0-9a-f]{16}\..+\.tmp")
+#: a process's claim of a graph it is tuning (`aitune_core.tuning_claim`)
+_OWN_CLAIM = re.compile(r"[0-9a-f]{64}\.claim")
 
 
 def own_entry(name: str) -> bool:

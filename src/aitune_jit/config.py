@@ -35,6 +35,8 @@ in code is strict instead: every setter raises ConfigError for a wrong type or v
 - `cache_dir` [`$AITUNE_JIT_CACHE_DIR`, else `<aitune cache>/jit`]: tuning decisions (JSON, shared by later
   runs and by processes using the same folder) and backend artifacts; see `aitune_jit.decisions`.
 - `reuse_decisions` [True]: identical modules and later runs reuse tuning decisions (`aitune_jit.decisions`).
+- `wait_for_replicas` [True]: a graph another live process sharing `cache_dir` is tuning runs eagerly here until
+  that process's decision is stored, then reuses it (`aitune_jit.replica_claims`); False: tune it here too.
 - `blocking` [False]: tune in the call that completes `min_samples`, not on the worker (`aitune_jit.worker`);
   `tuning_timeout_s` [600]: a worker job still running after this long leaves its module eager (None or inf: never).
 - `precision` [None]: None, "bf16" or "fp16"; adds autocast Inductor candidates to the default backends,
@@ -263,6 +265,7 @@ _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any], Callable
     "min_eager_latency_us": (_optional_number, lambda: None, env_optional_float),
     "skip_single_layer": (_bool, lambda: True, env_bool),
     "reuse_decisions": (_bool, lambda: True, env_bool),
+    "wait_for_replicas": (_bool, lambda: True, env_bool),
     "blocking": (_bool, lambda: False, env_bool),
     "tuning_timeout_s": (lambda name, value: _optional_number(name, value, 0.001, unlimited=True), lambda: 600.0,
                          env_optional_float),
@@ -336,6 +339,7 @@ class JitConfig:
     min_eager_latency_us: float | None
     skip_single_layer: bool
     reuse_decisions: bool
+    wait_for_replicas: bool
     blocking: bool
     tuning_timeout_s: float | None
     retune_after_misses: int

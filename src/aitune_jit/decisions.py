@@ -290,17 +290,21 @@ def rebuild(
 def reuse(
     node: TuningNode, proxy: torch.nn.Module, graphs: list[GraphSpec], samples: dict[str, list[Sample]],
     keys: dict[str, str], device: torch.device, cache_dir: Path, first: bool, draft: OutcomeDraft,
+    tried: set[str] | None = None,
 ) -> TuningOutcome | None:
     """Apply the known decisions of `graphs` to the draft: graphs decided here are removed from `graphs`, their
     backends (or failures) join the draft. Returns the outcome when a decision ends the tuning (the node goes
-    eager), else None."""
+    eager), else None. `tried` (kept by the caller across calls of one job) holds the keys whose decision was
+    found: a second call looks only for the others (a refused decision is not refused, and warned about, twice)."""
     from aitune_core.strategies.strategy import TuneReport
 
     for spec in list(graphs):
         key = keys.get(spec.name)
-        found = lookup(key) if key is not None else None
+        found = lookup(key) if key is not None and (tried is None or key not in tried) else None
         if found is None:
             continue
+        if tried is not None:
+            tried.add(str(key))
         if spec.name in node.retune_due:  # a re-tune over wider ranges, decided here
             draft.retuned.add(spec.name)
         decision, origin = found

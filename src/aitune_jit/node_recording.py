@@ -245,7 +245,11 @@ class NodeRecording:
                 self._log(f"{self.short}: {jit_config.retune_after_misses} calls of graph {name} fell outside its "
                           f"tuned ranges; tuning it again over {_ranges(spec)}")
                 self._pending = True
+            elif not tuning and name in self._growth.due and self._wait_over(name):
+                self._pending = True  # (its re-tune waited for another process's: `replica_claims`)
             return
+        if name in self._waits and not self._wait_over(name):
+            return  # another process is tuning this graph: look again later (`replica_claims`)
         missing = missing_for_tuning(recorder, spec, varying_waits=not self._stateful)
         if missing == "samples":
             return

@@ -16,13 +16,14 @@ the new one. With `jit_config.blocking`, the call that made a graph ready does t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import torch
 
-from aitune_jit import device_guard_pin, signal_passthrough, summary, tuner, worker
+from aitune_jit import device_guard_pin, replica_claims, signal_passthrough, summary, tuner, worker
 from aitune_jit.compile_exclusion import excluding_compiles
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import missing_for_tuning
@@ -128,12 +129,14 @@ class NodeTransitions:
     # ------------------------------------------------------------------------------------------ what tuning reads
     def ready_graphs(self) -> list[GraphSpec]:
         """The recorded graphs to tune now: enough samples (and a batch axis where required), neither tuned (unless
-        due for re-tuning over wider ranges) nor failed."""
+        due for re-tuning over wider ranges) nor failed, nor left to another process's tuning until the next look."""
         recorder = self._recorder
         if recorder is None:
             return []
+        now = time.monotonic()
+        waiting = {name for name, due in self._waits.items() if due > now}  # (another process tunes them)
         done = ({spec.name for spec, _backend in self._entries} - self._growth.due - self._follow.upgrade) | set(
-            self._failed)
+            self._failed) | waiting
         return [spec for spec in recorder.graph_specs if spec.name not in done and missing_for_tuning(
             recorder, spec, varying_waits=not self._stateful and spec.name not in self._growth.due) is None]
 
@@ -181,10 +184,43 @@ class NodeTransitions:
             for name in outcome.retuned:
                 self._growth.retuned(name)
             self._checked_graphs.update(outcome.checked)
+            self._note_waits(outcome)
             self._follow.note(outcome)
             _APPLY[outcome.verdict](self, outcome)
             if self.state is not NodeState.TUNED:
                 self._follow.clear()  # nothing tuned is left to package or upgrade
+
+    def _note_waits(self, outcome: TuningOutcome) -> None:
+        """Graphs another process is tuning (`replica_claims`): their calls run the original module and are
+        recorded; the first recorded call after `POLL_S` seconds queues the node to look for the decision again.
+        The graph as it was when the wait began is kept (`waited_specs`): the calls recorded meanwhile may widen
+        its ranges, and the decision looked for is that of the graph the other process tunes."""
+        for name in [spec.name for spec, _backend in outcome.entries] + list(outcome.failed):
+            self._waited.pop(name, None)
+        for name, (holder, spec) in outcome.waiting.items():
+            self._waits[name] = time.monotonic() + replica_claims.POLL_S
+            self._waited.setdefault(name, spec)
+            self._note_once(f"wait-{name}", f"{self.short} graph {name}: {holder} is tuning it with the same cache "
+                            "folder; its calls run the original module here until that decision is stored (looked "
+                            f"for every {replica_claims.POLL_S:g}s)")
+
+    @property
+    def waited_specs(self) -> Mapping[str, GraphSpec]:
+        """Graphs this node waited for another process to tune, as they were when the wait began."""
+        return MappingProxyType(dict(self._waited))
+
+    @property
+    def waiting_on_others(self) -> bool:
+        """Whether, at its last look, a graph of this node was being tuned by another process (`replica_claims`)."""
+        return bool(self._waits)
+
+    def _wait_over(self, name: str) -> bool:
+        """True once, when graph `name`, left to another process's tuning, is due for another look."""
+        due = self._waits.get(name)
+        if due is None or time.monotonic() < due:
+            return False
+        del self._waits[name]
+        return True
 
     def _go_tuned(self, entries: list[tuple[GraphSpec, Backend]], reports: list[TuneReport]) -> None:
         """Route calls of these graphs through their backends; detach the subtree on the first success."""

@@ -48,7 +48,8 @@ class Verdict(enum.Enum):
 class TuningOutcome:
     """One tuning's decision (see the module docstring). `failed` (graph name -> why it runs eagerly), `retuned`
     (graphs whose re-tuning ran, whatever came of it), `checked` (graphs whose graph-break check ran) and the
-    follow-ups (`follow_ups.py`: packages owed and made, upgrades owed and run) travel with every verdict."""
+    follow-ups (`follow_ups.py`: packages owed and made, upgrades owed and run) and `waiting` (graph name -> the
+    other process tuning it and the spec it tunes: `replica_claims.py`) travel with every verdict."""
 
     verdict: Verdict
     reason: str | None = None
@@ -61,6 +62,7 @@ class TuningOutcome:
     packaged: frozenset[str] = frozenset()
     upgrade_due: frozenset[str] = frozenset()
     upgraded: frozenset[str] = frozenset()
+    waiting: Mapping[str, tuple[str, GraphSpec]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))
     level: int = logging.INFO
 
     @classmethod
@@ -93,7 +95,7 @@ class TuningOutcome:
         and the re-tunes that ran."""
         self.release_backends()
         return TuningOutcome.unchanged(failed=self.failed, retuned=self.retuned, checked=self.checked,
-                                       packaged=self.packaged, upgraded=self.upgraded)
+                                       packaged=self.packaged, upgraded=self.upgraded, waiting=self.waiting)
 
     def release_backends(self) -> None:
         """Deactivate the backends built for this outcome, which no node will use."""
@@ -138,6 +140,9 @@ class TuningNode(Protocol):
     @property
     def package_due(self) -> Mapping[str, tuple[str, GraphSpec]]: ...
 
+    @property
+    def waited_specs(self) -> Mapping[str, GraphSpec]: ...
+
     def ready_graphs(self) -> list[GraphSpec]: ...
 
     def tuning_view(self) -> torch.nn.Module: ...
@@ -164,12 +169,13 @@ class OutcomeDraft:
         self.upgrade_due: set[str] = set()
         self.upgraded: set[str] = set()
         self.stale: set[str] = set()  # graphs whose recorded calls no longer match the module
+        self.waiting: dict[str, tuple[str, GraphSpec]] = {}  # graphs another process tunes -> (which, spec)
 
     def _noted(self) -> dict[str, object]:
         return {"failed": MappingProxyType(dict(self.failed)), "retuned": frozenset(self.retuned),
                 "checked": frozenset(self.checked), "package_due": MappingProxyType(dict(self.package_due)),
                 "packaged": frozenset(self.packaged), "upgrade_due": frozenset(self.upgrade_due),
-                "upgraded": frozenset(self.upgraded)}
+                "upgraded": frozenset(self.upgraded), "waiting": MappingProxyType(dict(self.waiting))}
 
     def eager(self, reason: str, *, reopen: bool) -> TuningOutcome:
         return TuningOutcome.eager(reason, reopen=reopen, **self._noted())

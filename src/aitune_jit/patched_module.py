@@ -92,6 +92,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         "_trainable",
         "_tune_lock",
         "_tuning",
+        "_waited",
+        "_waits",
         "call_count",
         "children",
         "descend",
@@ -135,6 +137,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         self._follow = FollowUps()
         self._pending = False
         self._tuning = False
+        self._waits: dict[str, float] = {}  # graphs another process is tuning -> when to look again (monotonic)
+        self._waited: dict[str, GraphSpec] = {}  # ... -> the graph as it was when this node began to wait
         self._stateful: str | None = None  # what its forward changes in its arguments (node_recording.py)
         self._effects_seen: str | None = None  # what a recorded call changed in the module (node_recording.py)
         self._quiet = 0

@@ -105,6 +105,10 @@ def summary_lines() -> list[str]:
     if making:
         lines.append(f"  📦 still making a warm-start package at exit (a later run rebuilds instead): "
                      f"{', '.join(making[:10])}")
+    waiting = [node.path for node in nodes if getattr(node, "waiting_on_others", False)]
+    if waiting:
+        lines.append(f"  ⏸ waiting at exit for another process's tuning with the same cache folder (ran eagerly): "
+                     f"{', '.join(waiting[:10])}")
     for node in nodes:
         if node.state is NodeState.TUNED and node.fallbacks:
             lines.append(f"  ↪ {node.path}: {node.fallbacks} call(s) outside the tuned shape ranges ran eagerly")

@@ -31,7 +31,7 @@ from aitune_core.specs.range_headroom import with_headroom
 from aitune_core.specs.replay_state import replaying
 from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.torch_log_capture import capture_torch_logs
-from aitune_jit import decisions, packaging
+from aitune_jit import decisions, packaging, replica_claims
 from aitune_jit.config import jit_config
 from aitune_jit.graph_breaks import find_graph_breaks
 from aitune_jit.held_warnings import held_warnings
@@ -172,6 +172,7 @@ def _tune_node(node: TuningNode) -> TuningOutcome:
     with bypassed(), torch.no_grad():
         strategy = cfg.resolve_strategy(device)
         keys = {} if cfg.dry_run else decisions.keys_for(node, graphs, strategy, device)
+        replica_claims.back_to_waited(node, graphs, samples, keys, strategy, device)
         draft.upgraded.update(spec.name for spec in graphs if spec.name in node.upgrade_due)
         packaging.warm_starts(node, proxy, graphs, samples, keys, device, draft)
         outcome = _decide(node, strategy, graphs, samples, keys, device, cache_dir, first, draft)
@@ -182,12 +183,31 @@ def _decide(
     node: TuningNode, strategy: Any, graphs: list[GraphSpec], samples: dict[str, list[Sample]], keys: dict[str, str],
     device: torch.device, cache_dir: Path, first: bool, draft: OutcomeDraft,
 ) -> TuningOutcome:
-    """The known decisions, then the graph-break check and the strategy for the graphs left (see `_tune_node`)."""
-    cfg = jit_config
+    """The known decisions, then, for the graphs left that no other process is tuning (`replica_claims`), the
+    graph-break check and the strategy (see `_tune_node`)."""
     proxy = node.tuning_view()
-    finished = decisions.reuse(node, proxy, graphs, samples, keys, device, cache_dir, first, draft)
+    tried: set[str] = set()
+    finished = decisions.reuse(node, proxy, graphs, samples, keys, device, cache_dir, first, draft, tried)
     if finished is not None:
         return finished
+    claimed = replica_claims.claim_or_wait(graphs, keys, draft)  # (another process may be tuning some of them)
+    try:
+        if claimed:  # a decision stored between the lookup and the claim: reused, not tuned again
+            finished = decisions.reuse(node, proxy, graphs, samples, keys, device, cache_dir, first, draft, tried)
+            if finished is not None:
+                return finished
+        return _tune_unknown(node, strategy, graphs, samples, keys, device, cache_dir, first, draft)
+    finally:
+        replica_claims.release(claimed)
+
+
+def _tune_unknown(
+    node: TuningNode, strategy: Any, graphs: list[GraphSpec], samples: dict[str, list[Sample]], keys: dict[str, str],
+    device: torch.device, cache_dir: Path, first: bool, draft: OutcomeDraft,
+) -> TuningOutcome:
+    """The graph-break check and the strategy for the graphs no decision was found for (see `_decide`)."""
+    cfg = jit_config
+    proxy = node.tuning_view()
     packaging.keep_packages(node, graphs)
     first = first and not draft.entries  # a node with a reused backend is tuned: its other graphs may only fail
     if not graphs:
