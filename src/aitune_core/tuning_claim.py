@@ -78,8 +78,9 @@ def _process_start(pid: int) -> str | None:
 
 
 def _alive(holder: Holder) -> bool:
-    """Whether a claim's process still runs (only answerable on its own host; elsewhere its expiry decides)."""
-    if holder.host != host_id():
+    """Whether a claim's process still runs (only answerable on its own host, and on POSIX: on Windows `os.kill`
+    with signal 0 would send Ctrl-C; elsewhere its expiry decides)."""
+    if holder.host != host_id() or os.name != "posix":
         return True
     try:
         os.kill(holder.pid, 0)
