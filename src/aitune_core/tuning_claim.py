@@ -25,6 +25,7 @@ import atexit
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import socket
 import tempfile
@@ -35,6 +36,8 @@ from pathlib import Path
 CLAIM_SUFFIX = ".claim"
 #: a claim file that does not parse (yet) counts as held while it is younger than this (seconds)
 FRESH_UNPARSED_S = 10.0
+#: no claim aitune writes lives longer than this (seconds); one that says so is stale
+LONGEST_LIFETIME_S = 7 * 24 * 3600.0
 
 _owned: set[Path] = set()
 _owned_lock = threading.Lock()
@@ -111,11 +114,17 @@ def read(path: Path) -> Holder | None:
 
 
 def _stale(path: Path, holder: Holder | None, now: float) -> bool:
+    """Whether a claim may be taken over. A claim no process could have written (no expiry within
+    `LONGEST_LIFETIME_S` of its start, a pid that is no process's) is stale too: only a hand-made file has one, and
+    it must not keep replicas waiting for good."""
     if holder is None:
         try:
             return now - path.stat().st_mtime > FRESH_UNPARSED_S
         except FileNotFoundError:
             return True
+    if holder.pid <= 0 or not (math.isfinite(holder.expires) and math.isfinite(holder.started)) or (
+            holder.expires - holder.started > LONGEST_LIFETIME_S):
+        return True
     return holder.expires < now or not _alive(holder)
 
 
@@ -142,10 +151,14 @@ def take(decisions_folder: Path, key: str, lifetime_s: float) -> Holder | None:
             holder = read(path)
             if _ours(holder):
                 return None
-            if not _stale(path, holder, now):
-                return holder or _unparsed(path, now)
-            with contextlib.suppress(FileNotFoundError):
+            try:
+                if not _stale(path, holder, now):
+                    return holder or _unparsed(path, now)
                 path.unlink()  # a stale claim: taken over on the next attempt
+            except FileNotFoundError:
+                pass
+            except OSError:  # (not removable here: a folder of that name, another user's file in a sticky folder)
+                return None
             continue
         except OSError:
             return None
@@ -170,7 +183,10 @@ def holder(decisions_folder: Path, key: str) -> Holder | None:
     if not path.exists():
         return None
     found = read(path)
-    if _ours(found) or _stale(path, found, time.time()):
+    try:
+        if _ours(found) or _stale(path, found, time.time()):
+            return None
+    except OSError:
         return None
     return found or _unparsed(path, time.time())
 

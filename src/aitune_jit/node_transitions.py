@@ -115,6 +115,7 @@ class NodeTransitions:
     def give_up(self, reason: str) -> None:
         """A tuning that did not finish (timed out, interrupted): a tuned node keeps what it serves and its graphs
         being tuned run eagerly; any other node stays eager."""
+        replica_claims.release_for(self)  # (what the job still builds is never stored)
         if self.state is NodeState.TUNED:
             self.apply(TuningOutcome.unchanged(
                 failed=MappingProxyType({spec.name: reason for spec in self.ready_graphs()}),
@@ -311,6 +312,8 @@ class NodeTransitions:
         self._recorder = None
         self._proxy = None
         self._pending = False
+        self._waits.clear()  # (nothing is recorded or tuned any more: nothing waits)
+        self._waited.clear()
         if not keep_dispatcher:
             self._dispatcher = None
 

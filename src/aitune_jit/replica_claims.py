@@ -22,6 +22,9 @@ or `reuse_decisions = False`, turns claims off.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 from typing import TYPE_CHECKING, Any
 
 from aitune_core import tuning_claim
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from aitune_core.specs.graph_spec import GraphSpec
     from aitune_jit.outcome import OutcomeDraft, TuningNode
 
+_logger = logging.getLogger("aitune.jit")
+
 #: seconds between two looks for the decision of a graph another process is tuning
 POLL_S = 2.0
 #: a claim's lifetime when jobs have no time limit (`jit_config.tuning_timeout_s` None), seconds
@@ -43,24 +48,37 @@ UNLIMITED_JOB_LIFETIME_S = 3600.0
 LIFETIME_MARGIN_S = 60.0
 
 
+#: id of a node whose job is running -> the keys that job claimed (`release_for` a job the worker abandoned)
+_held: dict[int, list[str]] = {}
+_held_lock = threading.Lock()
+
+
 def lifetime_s() -> float:
     timeout = jit_config.tuning_timeout_s
-    return (UNLIMITED_JOB_LIFETIME_S if timeout is None else timeout) + LIFETIME_MARGIN_S
+    limit = (UNLIMITED_JOB_LIFETIME_S if timeout is None else timeout) + LIFETIME_MARGIN_S
+    return min(limit, tuning_claim.LONGEST_LIFETIME_S)
 
 
-def claim_or_wait(graphs: list[GraphSpec], keys: dict[str, str], draft: OutcomeDraft) -> list[str]:
+def claim_or_wait(node: TuningNode, graphs: list[GraphSpec], keys: dict[str, str], draft: OutcomeDraft) -> list[str]:
     """Claim each graph of `graphs` (about to be tuned: no decision was found) for this process. Graphs another
     live process claimed are removed from `graphs` and noted in `draft.waiting` (not in blocking mode). Returns the
-    keys this process holds now: `release` them when the job ends."""
+    keys this process holds now: `release` them when the job ends. Never raises: a claim that cannot be read or
+    written leaves its graph to be tuned here, as without claims."""
     if not (jit_config.wait_for_replicas and jit_config.reuse_decisions and keys):
         return []
     folder = decisions.store().folder
-    held = []
+    held: list[str] = []
+    with _held_lock:
+        _held[id(node)] = held
     for spec in list(graphs):
         key = keys.get(spec.name)
         if key is None:
             continue
-        holder = tuning_claim.take(folder, key, lifetime_s())
+        try:
+            holder = tuning_claim.take(folder, key, lifetime_s())
+        except Exception:  # (`take` absorbs file-system errors; anything else must not stop the job either)
+            _logger.debug("claiming %s failed", key, exc_info=True)
+            continue
         if holder is None:
             held.append(key)
         elif not jit_config.blocking:
@@ -69,13 +87,27 @@ def claim_or_wait(graphs: list[GraphSpec], keys: dict[str, str], draft: OutcomeD
     return held
 
 
-def release(keys: list[str]) -> None:
-    """Give up this process's claims of `keys` (its decisions are stored by now, or it has none to give)."""
+def release(node: TuningNode, keys: list[str]) -> None:
+    """Give up this process's claims of `keys`, taken by `node`'s job (its decisions are stored by now, or it has
+    none to give)."""
+    with _held_lock:
+        if _held.get(id(node)) is keys:
+            del _held[id(node)]
     if not keys:
         return
     folder = decisions.store().folder
     for key in keys:
-        tuning_claim.release(folder, key)
+        with contextlib.suppress(OSError):
+            tuning_claim.release(folder, key)
+
+
+def release_for(node: TuningNode) -> None:
+    """The worker abandoned `node`'s job (it outran `jit_config.tuning_timeout_s`): whatever that job still builds
+    is never stored, so its claims go now instead of keeping other replicas waiting until they expire."""
+    with _held_lock:
+        keys = _held.pop(id(node), None)
+    if keys:
+        release(node, list(keys))
 
 
 def back_to_waited(node: TuningNode, graphs: list[GraphSpec], samples: dict[str, list[Sample]], keys: dict[str, str],

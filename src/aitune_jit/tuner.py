@@ -190,15 +190,17 @@ def _decide(
     finished = decisions.reuse(node, proxy, graphs, samples, keys, device, cache_dir, first, draft, tried)
     if finished is not None:
         return finished
-    claimed = replica_claims.claim_or_wait(graphs, keys, draft)  # (another process may be tuning some of them)
+    claimed: list[str] = []
     try:
+        claimed = replica_claims.claim_or_wait(node, graphs, keys, draft)  # (another process may tune some)
+        first = first and not draft.waiting  # a node waiting for a graph stays as it is: its other graphs only fail
         if claimed:  # a decision stored between the lookup and the claim: reused, not tuned again
             finished = decisions.reuse(node, proxy, graphs, samples, keys, device, cache_dir, first, draft, tried)
             if finished is not None:
                 return finished
         return _tune_unknown(node, strategy, graphs, samples, keys, device, cache_dir, first, draft)
     finally:
-        replica_claims.release(claimed)
+        replica_claims.release(node, claimed)
 
 
 def _tune_unknown(

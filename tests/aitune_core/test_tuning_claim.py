@@ -120,3 +120,21 @@ def test_holder_names_only_another_live_process(tmp_path):
     assert tuning_claim.holder(tmp_path, KEY).pid == 1
     _foreign(tmp_path, pid=_dead_pid())
     assert tuning_claim.holder(tmp_path, KEY) is None  # stale
+
+
+def test_a_claim_that_cannot_be_removed_is_left_and_tuning_goes_on(tmp_path):
+    path = tuning_claim.claim_path(tmp_path, KEY)
+    path.mkdir()  # a folder of that name (or another user's claim in a sticky folder): not removable
+    old = time.time() - tuning_claim.FRESH_UNPARSED_S - 5
+    os.utime(path, (old, old))
+    assert tuning_claim.take(tmp_path, KEY, 60) is None
+    assert tuning_claim.holder(tmp_path, KEY) is None and path.is_dir()
+    assert tuning_claim.held() == []
+
+
+@pytest.mark.parametrize("odd", [{"expires": float("nan")}, {"expires": 1e308}, {"pid": -1}, {"pid": 0}])
+def test_a_hand_made_claim_no_process_could_write_is_stale(tmp_path, odd):
+    fields = {"pid": 1, "host": tuning_claim.host_id(), "started": time.time(), "expires": time.time() + 600, **odd}
+    tuning_claim.claim_path(tmp_path, KEY).write_text(json.dumps(fields))
+    assert tuning_claim.take(tmp_path, KEY, 60) is None  # taken over
+    tuning_claim.release(tmp_path, KEY)

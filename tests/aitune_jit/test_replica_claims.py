@@ -192,3 +192,56 @@ def test_ranges_that_grew_while_waiting_still_reuse_the_decision_of_the_graph_wa
     assert node.waited_specs == {}
     _serve(model, [16])
     assert node.fallbacks == 1  # outside the reused graph's ranges: eager, counted towards a re-tune
+
+
+def test_another_graph_failing_while_one_waits_does_not_send_the_node_eager(waiting_replica, monkeypatch):
+    """Graph 0 waits for the other process; graph 1 (3-d inputs) fails to build here: the node keeps waiting for
+    graph 0 (it would otherwise go eager for good and never reuse the decision it waits for)."""
+    model, _key, stored, claim = waiting_replica
+    real_build = CountingBackend._build
+
+    def refuses_three_dims(self, module, graph_spec, data, cache_dir):  # (the same backend: the same keys)
+        if len(graph_spec.input_spec.tensors[0].min_shape) == 3:
+            raise RuntimeError("refuses 3-d inputs")
+        return real_build(self, module, graph_spec, data, cache_dir)
+
+    monkeypatch.setattr(CountingBackend, "_build", refuses_three_dims)
+    with bypassed():
+        reference = make_mlp()
+        inputs = [torch.randn(batch, 4, 32) for batch in (2, 3, 2, 3)]
+        expected = [reference(x) for x in inputs]
+    with torch.no_grad():
+        outputs = [model(x) for x in inputs]
+    assert wait_until_tuned(timeout=30)
+    for out, ref in zip(outputs, expected):
+        torch.testing.assert_close(out, ref)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.RECORDING, node.reason
+    assert any("refuses 3-d inputs" in h for h in PatchedModule.history)  # (graph 1 was tried, and failed)
+    shutil.copy(stored, DecisionStore(jit_config.cache_dir).folder / stored.name)
+    claim.unlink()
+    time.sleep(0.1)
+    _serve(model)
+    assert node.state is NodeState.TUNED and [spec.name for spec, _b in node._entries] == ["0"]
+
+
+def test_an_abandoned_job_lets_go_of_its_claims_and_an_eager_node_waits_for_nothing(monkeypatch):
+    """The worker abandons a job past `tuning_timeout_s` (`give_up`): its claims go at once, not when its thread
+    ends; and a node that went eager is not listed as waiting at exit."""
+    _settings()
+    jit_config.blocking = False
+    jit_config.tuning_timeout_s = 0.3
+    CountingBackend.build_delay_s = 2.0
+    enable()
+    model = make_mlp()
+    run(model, [2, 3])
+    deadline = time.monotonic() + 10
+    while PatchedModule.of(model).state is not NodeState.EAGER and time.monotonic() < deadline:
+        time.sleep(0.02)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.EAGER and "tuning_timeout_s" in str(node.reason)
+    assert not list(DecisionStore(jit_config.cache_dir).folder.glob("*.claim"))  # the build still sleeps
+    node._waits["0"] = time.monotonic() + 60  # (as if it had waited before)
+    node._drop_forward()
+    assert not node.waiting_on_others
+    wait_until_tuned(timeout=10)
