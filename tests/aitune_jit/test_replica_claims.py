@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -245,3 +249,21 @@ def test_an_abandoned_job_lets_go_of_its_claims_and_an_eager_node_waits_for_noth
     node._drop_forward()
     assert not node.waiting_on_others
     wait_until_tuned(timeout=10)
+
+
+def test_prefork_workers_tune_once_and_the_others_reuse(tmp_path):
+    """gunicorn `--preload`: the parent builds the model (one warm-up call) and forks three workers sharing a
+    cache folder; one worker tunes, the others wait for it and reuse its decision; every answer is eager's."""
+    script = Path(__file__).parent / "scripts" / "prefork_server.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "cache"), "3"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    reports = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines()
+               if line.startswith("WORKER-REPORT ")]
+    assert len(reports) == 3, done.stdout + done.stderr[-3000:]
+    assert all(r["state"] == "TUNED" and r["wrong"] == 0 for r in reports), reports
+    tuned = [r for r in reports if any(h.startswith("Tuning MLP") for h in r["history"])]
+    assert len(tuned) == 1, reports
+    waited = [r for r in reports if r not in tuned]
+    assert all(any("is tuning it" in h for h in r["history"]) and any("reused the decision" in h for h in r["history"])
+               for r in waited), reports
