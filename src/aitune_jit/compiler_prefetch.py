@@ -14,8 +14,8 @@ worker (`worker.start_side_job`: it steps aside while requests are served and is
 ends) imports those modules, says so (a tuning job that starts meanwhile waits for that, so the two never import
 torch's mutually importing modules at once), then runs the check beside the job. A failure is logged at DEBUG;
 the job does the same later. `AITUNE_WORKER_PREFETCH=off` turns it off. Nothing is patched: the identity graph
-module that the worker primes (`prime_inductor_without_fx_patching`, which swaps `torch.fx.symbolic_trace` for a
-moment) is left to the first job, since the program may be tracing its own model now.
+module that the worker primes (`inductor_priming`, which swaps `torch.fx.symbolic_trace` for a moment) is left
+to the first job, since the program may be tracing its own model now.
 
 Measured: `tests/aitune_jit/scripts/serve_loop.py` on a warm cache (this CPU, Python 3.11, three interleaved runs
 each) was tuned 3.71-4.01 s after its first request with the prefetch against 5.19-5.43 s without, and the whole

@@ -17,17 +17,12 @@ node, never half of it.
   request is being served (`worker_yield`); with `AITUNE_WORKER_COMPILE=subprocess` Inductor's code generation
   runs in a compile process of its own (`worker_compile_process`).
 - Exit: the threads are daemons; once the main thread has finished, no job starts and a running one is cut short
-  (its outcome is neither applied nor cached, its failures are not shown on aitune's stderr handler). When the main
-  thread's code ends, the running job is cancelled (`job_cancel`: `TuningCancelled`, raised at its thread's next
-  function start, then asynchronously if it runs on; held back while the thread captures a CUDA graph) and the
-  worker waits at most `EXIT_WAIT_S` for its thread to end; then the step-aside callback is removed. This runs in
-  `threading`'s exit hook, before the interpreter stops the main thread and joins the others (`atexit` where that
-  hook is missing): a job thread still running Python there crashed the process (SIGSEGV in the main thread at the
-  start of `threading.Thread._stop`, 3 of 5 serving processes on an H100, Python 3.12.3, while the job traced with
-  dynamo), and one still inside torch's C++ code when the interpreter finalizes aborts it ("terminate called without
-  an active exception"). A job thread that reaches its end after that does not end: it waits for the process to
-  end (`job_cancel.rest_forever`), and nothing joins it (the supervisor waits on the job's `finished` event). The
-  exit summary lists what was still tuning.
+  (its outcome is neither applied nor cached, its failures stay off aitune's stderr handler). When the main
+  thread's code ends (`threading`'s exit hook, `atexit` where it is missing), the running job is cancelled and
+  waited for at most `EXIT_WAIT_S` (`job_cancel` says how, and why a job thread still in Python or in torch's C++
+  code at finalization crashed or aborted processes); then the step-aside callback is removed. A job thread that
+  ends after that waits for the process to end (`job_cancel.rest_forever`). The exit summary lists what was still
+  tuning.
 - A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
   that were queued in the parent stay eager.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
@@ -51,6 +46,7 @@ import torch
 from aitune_core.thread_warnings import private_warnings, to_debug_log
 from aitune_jit import capture_guard, device_guard_pin, fx_trace_lock, job_rng, py_start_gate, training_switch
 from aitune_jit.config import jit_config
+from aitune_jit.inductor_priming import prime_inductor_without_fx_patching
 from aitune_jit.job_cancel import (
     TuningCancelled,
     cancel,
@@ -256,39 +252,6 @@ def _own_stream(node: TuningNode) -> Iterator[None]:
         stream.synchronize()
 
 
-def _identity_graph_module(fn: Any) -> torch.fx.GraphModule:
-    """What `torch.fx.symbolic_trace(identity)` returns, built with the Graph API (no tracer, no patching)."""
-    graph = torch.fx.Graph()
-    graph.output(graph.placeholder("x"))
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
-
-
-_primed = False
-
-
-def prime_inductor_without_fx_patching() -> None:
-    """Inductor's code generation builds, once per process, `torch.fx.symbolic_trace(identity)`
-    (`torch._inductor.loop_body.InterpreterShim._dummy_gm`). A symbolic trace replaces `torch.nn.Module.__call__`
-    process-wide while it runs, so a module call made meanwhile by another thread - the application serving
-    requests while the worker compiles - goes through FX's tracer and fails ("module is not installed as a
-    submodule"). The worker fills that cache first with an equal graph module built without tracing."""
-    global _primed
-    if _primed:
-        return
-    try:
-        from torch._inductor.loop_body import InterpreterShim
-
-        saved = torch.fx.symbolic_trace
-        torch.fx.symbolic_trace = _identity_graph_module  # type: ignore[assignment]
-        try:
-            InterpreterShim._dummy_gm()
-        finally:
-            torch.fx.symbolic_trace = saved
-        _primed = True
-    except Exception:  # another torch: nothing to prime (tried again by the next job)
-        _logger.debug("could not prime Inductor's identity graph module", exc_info=True)
-
-
 def sync_stream() -> None:
     """Before a node switches to a backend built on this thread: its work on the side stream is complete."""
     if getattr(_local, "job", None) is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -385,10 +348,9 @@ _live_jobs: set[_Job] = set()
 
 
 def start_side_job(name: str, task: Callable[[], None], imported: threading.Event | None = None) -> threading.Thread:
-    """Run `task` on a daemon thread that steps aside for requests like a tuning job and, like one, is cancelled
-    when the main thread's code ends (`compiler_prefetch`). Its failures are logged at DEBUG only. A tuning job
-    that starts meanwhile waits for `imported` (set by the task once it has imported what it needs; by default,
-    or if the task ends first, when it ends) before it imports torch's compiler itself."""
+    """Run `task` on a daemon thread that steps aside for requests and is cancelled at exit like a tuning job
+    (`compiler_prefetch`); failures are logged at DEBUG. A tuning job that starts meanwhile waits for `imported`
+    (set by the task once it has imported what it needs; else when it ends) before it imports torch's compiler."""
     global _atexit_registered
     job = _Job.side(name)
     settled = imported if imported is not None else job.finished
@@ -439,8 +401,7 @@ SIDE_JOB_WAIT_S = 60.0
 def _side_imports_done(timeout: float) -> None:
     """Wait (at most `timeout`) until the side jobs running now have imported what they import: the compiler
     prefetch imports Inductor, which the job imports too, and two threads importing torch's mutually importing
-    modules at once is what Python's import locks handle worst. The rest of a side job (the prefetch's check,
-    which mostly waits for its subprocesses) runs beside the tuning job."""
+    modules at once is what Python's import locks handle worst. The rest of a side job runs beside the job."""
     deadline = time.monotonic() + timeout
     for job, imported in list(_side_jobs.items()):
         if job.thread is not threading.current_thread():
@@ -485,9 +446,8 @@ def _at_exit() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """The parent's threads do not exist in the child: no worker, and no job for the child's exit to wait for (a
-    forked child - a DataLoader worker, a `multiprocessing` process - waited `EXIT_WAIT_S` at its exit for the
-    parent's running job, 5 s per child)."""
+    """The parent's threads do not exist in the child: no worker, and no job for its exit to wait for (a DataLoader
+    worker waited `EXIT_WAIT_S` at its exit for the parent's running job)."""
     global _worker
     _worker = None
     _live_jobs.clear()

@@ -288,24 +288,6 @@ def test_switching_jit_off_while_a_job_runs_leaves_the_module_untouched(backgrou
     assert not any(r.path == "MLP" for r in summary._records.values())
 
 
-def test_inductor_s_one_symbolic_trace_is_primed_without_patching_module_call(monkeypatch):
-    """torch.fx.symbolic_trace patches nn.Module.__call__ process-wide while it runs: a request served on the main
-    thread meanwhile would fail. The worker fills Inductor's cached identity graph module without tracing."""
-    from torch._inductor.loop_body import InterpreterShim
-
-    traced = []
-    monkeypatch.setattr(torch.fx, "symbolic_trace", lambda fn: traced.append(fn))
-    monkeypatch.setattr(worker, "_primed", False)
-    InterpreterShim._dummy_gm.cache_clear()
-    try:
-        worker.prime_inductor_without_fx_patching()
-        gm = InterpreterShim._dummy_gm()
-        assert traced == [] and isinstance(gm, torch.fx.GraphModule) and gm(7) == 7
-        assert torch.fx.symbolic_trace is not worker._identity_graph_module  # put back
-    finally:
-        InterpreterShim._dummy_gm.cache_clear()
-
-
 def test_calls_during_a_job_are_recorded_so_a_graph_first_seen_then_is_ready_when_it_ends(background):
     """A generate loop's prefill of a new prompt length arrives while the decode graph is being tuned: it is
     recorded then, and one more call of it after the job starts its tuning."""
