@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from aitune_jit import device_guard_pin, replica_claims, signal_passthrough, summary, tuner, worker
+from aitune_jit import device_guard_pin, fork_safety, replica_claims, signal_passthrough, summary, tuner, worker
 from aitune_jit.compile_exclusion import excluding_compiles
 from aitune_jit.config import jit_config
 from aitune_jit.node_recording import missing_for_tuning
@@ -51,6 +51,7 @@ class NodeTransitions:
         if not jit_config.blocking:  # the call that made a graph ready never waits
             if not self._tuning:
                 self._tuning, self._pending = True, False
+                fork_safety.install()  # (a fork while the worker compiles must not hand the child its locks)
                 worker.submit(self, NodeTransitions._tune_queued)
             return
         lock = self._tune_lock

@@ -23,8 +23,8 @@ node, never half of it.
   code at finalization crashed or aborted processes); then the step-aside callback is removed. A job thread that
   ends after that waits for the process to end (`job_cancel.rest_forever`). The exit summary lists what was still
   tuning.
-- A forked child (DataLoader worker, gunicorn) starts without a worker (`os.register_at_fork`); its nodes
-  that were queued in the parent stay eager.
+- Fork: before it, no job starts and the running one is cancelled (`fork_safety`); a forked child (DataLoader
+  worker, gunicorn) starts without a worker, and its nodes that were queued in the parent record again.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
 """
 
@@ -111,6 +111,7 @@ class TuningWorker:
         self._cond = threading.Condition()
         self._current: _Job | None = None
         self._stopping = False
+        self._held = False  # (a fork is under way: `hold`)
         self._thread = threading.Thread(target=self._loop, name="aitune-tuning", daemon=True)
         self._thread.start()
 
@@ -140,6 +141,13 @@ class TuningWorker:
                 self._cond.wait(remaining)
         return True
 
+    def hold(self, held: bool) -> tuple[_Job | None, list[TuningNode]]:
+        """Start no new job while `held` (a fork is under way); returns the running job and the queued nodes."""
+        with self._cond:
+            self._held = held
+            self._cond.notify_all()
+            return self._current, [node for node in (job.node_ref() for job in self._queue) if node is not None]
+
     def stop(self, wait_s: float) -> list[str]:
         """Start no new job, cancel the running one and wait up to `wait_s` for its thread to end; returns what
         is left unfinished."""
@@ -164,7 +172,7 @@ class TuningWorker:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while (not self._queue or self._held) and not self._stopping:
                     self._cond.wait()
                 if (self._stopping and not self._queue) or _program_ended():
                     return  # (at exit, `stop` reports and drops what is still queued)
@@ -314,6 +322,11 @@ def submit(node: TuningNode, run: Callable[[TuningNode], None]) -> None:
                 _register_exit_cancel()
         worker = _worker
     worker.submit(node)
+
+
+def hold_for_fork(held: bool) -> tuple[_Job | None, list[TuningNode]]:
+    """`TuningWorker.hold` on this process's worker (`fork_safety`)."""
+    return _worker.hold(held) if _worker is not None else (None, [])
 
 
 def pending() -> list[str]:
