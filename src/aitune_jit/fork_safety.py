@@ -17,7 +17,9 @@ wait is cancelled after the fork, and the child inherits what it held, as before
 worker goes on (the cancelled node records again and is tuned by a later job); the child has no worker
 (`worker._after_fork_in_child`), and the nodes that were queued in the parent record again there, so the child
 tunes them itself (or waits for a replica's claim: `replica_claims`). The hooks skip forks made by aitune's own
-threads.
+threads. A node's job is stopped by a fork once: a program that forks more often than a compile lasts (a fresh
+DataLoader iterator per shard) would otherwise keep it from ever being tuned; a later fork during its next job
+only waits until that job is between two imports, and the child inherits the locks the job holds, as before.
 """
 
 from __future__ import annotations
@@ -53,16 +55,18 @@ def _before_fork() -> None:
     deadline = time.monotonic() + FORK_WAIT_S
     while job.gate is None and _importing(job.thread) and time.monotonic() < deadline:
         time.sleep(0.005)  # (before its gate, the job imports torch's compiler: those imports end first)
+    node = job.node_ref()
+    if node is None or id(node) in _stopped_once:  # (a program that forks often must not keep it from ever tuning)
+        return
     gate = job.gate
     if gate is None or not gate.cancel(TuningCancelled):  # (no gate: between its imports it holds no lock)
         return
+    _stopped_once.add(id(node))
     job.abandoned = True  # its outcome is neither applied nor stored; its node records again
     if not job.finished.wait(max(0.0, deadline - time.monotonic())):
         _logger.debug("fork: the tuning job of %s did not stop within %.0fs", job.path, FORK_WAIT_S)
         return
-    node = job.node_ref()
-    if node is not None:
-        node.job_dropped()  # (cancelled before its node's own clean-up ran, it would stay queued for good)
+    node.job_dropped()  # (cancelled before its node's own clean-up ran, it would stay queued for good)
     if job.path not in _fork_notes:
         _fork_notes.add(job.path)
         registry.log(f"The program forks while {job.path} is tuned: that tuning stopped first (the child must not "
@@ -70,6 +74,8 @@ def _before_fork() -> None:
 
 
 _fork_notes: set[str] = set()
+#: ids of the nodes whose job a fork stopped: a later fork during their next job only waits for its imports
+_stopped_once: set[int] = set()
 
 
 def _importing(thread: threading.Thread | None) -> bool:

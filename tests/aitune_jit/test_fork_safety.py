@@ -42,3 +42,49 @@ def test_forks_made_by_aitune_threads_and_without_a_worker_change_nothing(monkey
     fork_safety._before_fork()
     fork_safety._after_fork_in_parent()
     assert calls == [True, False]
+
+
+class _Node:
+    path = "M"
+
+    def __init__(self):
+        self.dropped = 0
+
+    def job_dropped(self):
+        self.dropped += 1
+
+
+class _Job:
+    """A running job whose step-aside gate stops it at once when asked (`gate.cancel`)."""
+
+    def __init__(self, node):
+        self.path, self.abandoned, self._node = "M", False, node
+        self.thread = threading.Thread(target=lambda: None)
+        self.finished = threading.Event()
+        self.gate = self
+
+    def cancel(self, exc_type):
+        self.finished.set()
+        return True
+
+    def node_ref(self):
+        return self._node
+
+
+def test_a_nodes_job_is_stopped_by_a_fork_once(monkeypatch):
+    """A program that forks more often than a compile lasts must not keep a module from ever being tuned: the
+    second fork during the same node's job does not stop it."""
+    node = _Node()
+    jobs = []
+
+    def hold(held):
+        if held:
+            jobs.append(_Job(node))
+            return jobs[-1], []
+        return None, []
+
+    monkeypatch.setattr(worker, "hold_for_fork", hold)
+    monkeypatch.setattr(fork_safety, "_stopped_once", set())
+    fork_safety._before_fork()
+    fork_safety._before_fork()
+    assert [job.abandoned for job in jobs] == [True, False] and node.dropped == 1
