@@ -1,25 +1,27 @@
-"""A fork while a tuning job runs: the job is cancelled first, so that the child inherits no lock the job holds.
+"""A fork while a tuning job runs: the child must not inherit the locks the job thread holds.
 
-Why: a job holds locks while it compiles - dynamo's compile lock, the import lock of each module it imports (torch
-imports its compiler lazily), the root's tuning lock - and `fork()` copies them held into a child whose threads
-will never release them. A child forked while the worker compiled (a DataLoader worker, a gunicorn worker forked
-after warm-up requests, `multiprocessing` with the fork start method) hung for good on its first import of such a
-module or its first compile: on this project's CPU a child's own `torch.compile` waited more than 90 s on a module
-lock, in the parent a job tuning an MLP with Inductor.
+Why: a job holds locks while it compiles - the import lock of each module it imports (torch imports its compiler
+lazily), dynamo's compile lock, the root's tuning lock - and `fork()` copies them held into a child whose threads
+never release them. A child forked while the worker compiled (a DataLoader worker, a gunicorn worker forked after
+warm-up requests, `multiprocessing` with the fork start method) hung for good on its first import of such a module
+or its first compile: on this project's CPU a child's own `torch.compile` waited more than 90 s, on a module lock
+and, forked later in the job, on dynamo's compile lock.
 
-So before each fork (`os.register_at_fork`), the worker starts no new job and the running one is cancelled where it
-can stop cleanly: `TuningCancelled` at the job thread's next Python function start (`job_cancel`, step 1), so every
-`finally` and context manager it unwinds through releases what it holds; the fork waits for that at most
-`FORK_WAIT_S`. Before its step-aside gate is on, a job only imports torch's compiler (and primes it: `worker`):
-the fork then waits until the job is between two imports. There is no asynchronous cancel here (the program goes
-on, and one landing in a cleanup could leave torch's state half changed): a job inside a long C call past that
-wait is cancelled after the fork, and the child inherits what it held, as before. After the fork the parent's
-worker goes on (the cancelled node records again and is tuned by a later job); the child has no worker
-(`worker._after_fork_in_child`), and the nodes that were queued in the parent record again there, so the child
-tunes them itself (or waits for a replica's claim: `replica_claims`). The hooks skip forks made by aitune's own
-threads. A node's job is stopped by a fork once: a program that forks more often than a compile lasts (a fresh
-DataLoader iterator per shard) would otherwise keep it from ever being tuned; a later fork during its next job
-only waits until that job is between two imports, and the child inherits the locks the job holds, as before.
+The parent's job is never interrupted (an exception raised in it while it imports half of Inductor's `lowering`
+left that module registered twice, and every later compile of the process failed, the program's own included). So:
+
+- before a fork (`os.register_at_fork`): the worker starts no new job (`worker.hold_for_fork`), and the fork waits
+  until the running job is between two imports, at most `FORK_WAIT_S` (a job stepping aside for a request made by
+  the forking thread cannot finish its import: the fork then goes on after that wait);
+- in the child: dynamo's compile lock, if a thread that does not exist there holds it, is replaced by a fresh one
+  (`torch._dynamo.convert_frame.compile_lock`, read by name at each compile); the nodes whose job was queued or
+  running in the parent record again, with a fresh tuning lock where the job held theirs
+  (`PatchedModule.reopen_after_fork`), so the child tunes them itself (or waits for a replica's claim:
+  `replica_claims`);
+- forks made by aitune's own threads are left alone.
+
+What stays: a lock the job holds that is neither of these (one of torch's own, inside a compile) is inherited held,
+and global settings a compile patches for its duration (Inductor's config) keep the job's values in the child.
 """
 
 from __future__ import annotations
@@ -29,53 +31,36 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aitune_jit import worker
-from aitune_jit.job_cancel import TuningCancelled
-from aitune_jit.node_registry import registry
 
 if TYPE_CHECKING:
     from aitune_jit.outcome import TuningNode
 
 _logger = logging.getLogger("aitune.jit")
-#: the longest a fork waits for the running job to unwind from its cancel (seconds)
+#: the longest a fork waits for the running job to finish the import it is in (seconds)
 FORK_WAIT_S = 5.0
 
-_queued: list[TuningNode] = []  # nodes queued when the fork began (the child records them again)
+#: forking thread's ident -> the nodes whose job was queued or running when its fork began
+_forking: dict[int, list[TuningNode]] = {}
 
 
 def _before_fork() -> None:
     if threading.current_thread().name.startswith("aitune-"):  # (aitune's own threads fork only to run a program)
         return
+    _forking[threading.get_ident()] = []  # (first: the parent's hook releases the worker only for such a fork)
     job, queued = worker.hold_for_fork(True)
-    _queued[:] = queued
-    if job is None or job.finished.is_set() or job.thread is threading.current_thread():
+    running = job is not None and not job.finished.is_set()
+    node = job.node_ref() if running else None
+    _forking[threading.get_ident()] = queued + ([node] if node is not None else [])
+    if not running or job.thread is threading.current_thread():
         return
     deadline = time.monotonic() + FORK_WAIT_S
-    while job.gate is None and _importing(job.thread) and time.monotonic() < deadline:
-        time.sleep(0.005)  # (before its gate, the job imports torch's compiler: those imports end first)
-    node = job.node_ref()
-    if node is None or id(node) in _stopped_once:  # (a program that forks often must not keep it from ever tuning)
-        return
-    gate = job.gate
-    if gate is None or not gate.cancel(TuningCancelled):  # (no gate: between its imports it holds no lock)
-        return
-    _stopped_once.add(id(node))
-    job.abandoned = True  # its outcome is neither applied nor stored; its node records again
-    if not job.finished.wait(max(0.0, deadline - time.monotonic())):
-        _logger.debug("fork: the tuning job of %s did not stop within %.0fs", job.path, FORK_WAIT_S)
-        return
-    node.job_dropped()  # (cancelled before its node's own clean-up ran, it would stay queued for good)
-    if job.path not in _fork_notes:
-        _fork_notes.add(job.path)
-        registry.log(f"The program forks while {job.path} is tuned: that tuning stopped first (the child must not "
-                     "inherit the locks it held) and starts again on a later call")
-
-
-_fork_notes: set[str] = set()
-#: ids of the nodes whose job a fork stopped: a later fork during their next job only waits for its imports
-_stopped_once: set[int] = set()
+    while _importing(job.thread) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    if _importing(job.thread):
+        _logger.debug("fork: the tuning job of %s was still importing after %.0fs", job.path, FORK_WAIT_S)
 
 
 def _importing(thread: threading.Thread | None) -> bool:
@@ -89,7 +74,8 @@ def _importing(thread: threading.Thread | None) -> bool:
 
 
 def _after_fork_in_parent() -> None:
-    _queued.clear()
+    if _forking.pop(threading.get_ident(), None) is None:
+        return
     try:
         worker.hold_for_fork(False)
     except Exception:  # (never: but a fork must not fail because of aitune)
@@ -97,13 +83,30 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    """The nodes queued in the parent have no job here: they record again (the child queues them itself)."""
-    for node in _queued:
+    nodes = _forking.pop(threading.get_ident(), [])
+    _forking.clear()
+    _free_dynamo_compile_lock()
+    for node in nodes:
         try:
-            node.job_dropped()
+            node.reopen_after_fork()
         except Exception:
             _logger.debug("could not reopen %s after a fork", getattr(node, "path", node), exc_info=True)
-    _queued.clear()
+
+
+def _free_dynamo_compile_lock() -> None:
+    """In a forked child: dynamo's compile lock, held by a thread the child does not have, is replaced (this thread
+    holding it, or nobody, leaves it as it is)."""
+    convert_frame: Any = sys.modules.get("torch._dynamo.convert_frame")
+    lock = getattr(convert_frame, "compile_lock", None)
+    if lock is None:
+        return
+    try:
+        if lock.acquire(blocking=False):
+            lock.release()
+            return
+        convert_frame.compile_lock = threading.RLock()
+    except Exception:
+        _logger.debug("could not check dynamo's compile lock after a fork", exc_info=True)
 
 
 def _timed_before_fork() -> None:
@@ -114,7 +117,7 @@ def _timed_before_fork() -> None:
         _logger.debug("preparing the tuning worker for a fork failed", exc_info=True)
     took = time.monotonic() - start
     if took > 0.1:
-        _logger.debug("fork: the tuning worker took %.2fs to stop", took)
+        _logger.debug("fork: waited %.2fs for the tuning job's imports", took)
 
 
 _installed = False

@@ -16,6 +16,7 @@ the new one. With `jit_config.blocking`, the call that made a graph ready does t
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -112,6 +113,22 @@ class NodeTransitions:
             lock.release()
         if again:  # what the outcome owes (`follow_ups.py`) is a job of its own, queued behind the others
             worker.submit(self, NodeTransitions._tune_queued)
+
+    def reopen_after_fork(self) -> None:
+        """In a forked child, for a node whose job was queued or running in the parent (`fork_safety`): no job runs
+        here, so its calls record again; and a tuning lock the parent's job thread held is held by no thread here,
+        so its root's nodes get a fresh one."""
+        self._tuning = False
+        lock = self._tune_lock
+        if lock.acquire(blocking=False):
+            lock.release()
+            return
+        fresh = threading.Lock()
+        root = self
+        while root.parent is not None:
+            root = root.parent
+        for node in root.subtree():
+            node._tune_lock = fresh
 
     def give_up(self, reason: str) -> None:
         """A tuning that did not finish (timed out, interrupted): a tuned node keeps what it serves and its graphs

@@ -23,8 +23,8 @@ node, never half of it.
   code at finalization crashed or aborted processes); then the step-aside callback is removed. A job thread that
   ends after that waits for the process to end (`job_cancel.rest_forever`). The exit summary lists what was still
   tuning.
-- Fork: before it, no job starts and the running one is cancelled (`fork_safety`); a forked child (DataLoader
-  worker, gunicorn) starts without a worker, and its nodes that were queued in the parent record again.
+- Fork: while one is under way no job starts, and it waits for the running job's imports (`fork_safety`); a
+  forked child (DataLoader worker, gunicorn) starts without a worker, its nodes queued in the parent record again.
 - `wait_until_tuned(timeout)` waits for the queue to drain (scripts, tests, benchmarks).
 """
 
@@ -111,7 +111,7 @@ class TuningWorker:
         self._cond = threading.Condition()
         self._current: _Job | None = None
         self._stopping = False
-        self._held = False  # (a fork is under way: `hold`)
+        self._held = 0  # forks under way (`hold`)
         self._thread = threading.Thread(target=self._loop, name="aitune-tuning", daemon=True)
         self._thread.start()
 
@@ -142,9 +142,10 @@ class TuningWorker:
         return True
 
     def hold(self, held: bool) -> tuple[_Job | None, list[TuningNode]]:
-        """Start no new job while `held` (a fork is under way); returns the running job and the queued nodes."""
+        """Start no new job while a fork is under way (`held`: one begins; else one ended); returns the running job
+        and the queued nodes."""
         with self._cond:
-            self._held = held
+            self._held = self._held + 1 if held else max(0, self._held - 1)
             self._cond.notify_all()
             return self._current, [node for node in (job.node_ref() for job in self._queue) if node is not None]
 

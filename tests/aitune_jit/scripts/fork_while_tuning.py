@@ -4,7 +4,8 @@ imports torch's compiler). The child imports the same module and serves the mode
     python fork_while_tuning.py WORK_DIR
 
 Prints `CHILD-REPORT {...}` (the child's import time, its model's state, wrong answers) and `PARENT-REPORT {...}`.
-Without fork safety the child waited for good on the import lock the parent's job thread held at the fork.
+Without fork safety the child waited for good on the import lock the parent's job thread held at the fork; now
+the fork waits until the job has finished that import.
 """
 
 import json
@@ -91,7 +92,8 @@ def main() -> None:
     os.waitpid(pid, 0)
     wrong = serve(model, reference, 6)
     print("PARENT-REPORT " + json.dumps({"state": PatchedModule.of(model).state.name, "wrong": wrong,
-                                         "history": [h for h in PatchedModule.history if "fork" in h]}), flush=True)
+                                         "history": [h for h in PatchedModule.history if h.startswith("Tuning")]}),
+          flush=True)
 
 
 if __name__ == "__main__":
