@@ -15,6 +15,7 @@ both are taken, or on an older Python, `acquire` returns False and the caller us
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -104,3 +105,15 @@ def _claim_tool() -> int | None:
         return tool
     _logger.debug("no sys.monitoring tool id free among %s: the profile-function gate is used", TOOL_IDS)
     return None
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's job threads: their callback goes, and a lock one of them held at the
+    fork is held by no thread here, so it is made anew first."""
+    global _lock
+    _lock = threading.Lock()
+    remove()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

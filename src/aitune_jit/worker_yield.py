@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -391,3 +392,19 @@ def _log(gate: _StepAside) -> None:
     if gate.waits or gate.off_s:
         _logger.debug("tuning job stepped aside %d times for requests, %.2fs in all (%s gate; off for %.2fs)",
                       gate.waits, gate.waited_s, gate.mechanism, gate.off_s)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's job threads (`fork_safety`): no gate, no job stepping aside, and
+    a lock a job thread held at the fork (its gate takes `_lock` at every check) is held by no thread here; left
+    as they were, the child's calls kept counting themselves as requests for a job that does not exist, and would
+    wait for that lock for good. Requests in flight are the forking thread's own and stay counted."""
+    global _lock, _cond, _jobs, _waiting, _cancelling
+    _lock = threading.Lock()
+    _cond = threading.Condition(_lock)
+    _gates.clear()
+    _jobs = _waiting = _cancelling = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

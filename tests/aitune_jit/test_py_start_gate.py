@@ -90,3 +90,18 @@ def test_remove_takes_the_callback_away_whatever_the_count():
 def test_remove_without_a_callback_does_nothing():
     py_start_gate.remove()
     assert not py_start_gate.installed()
+
+
+def test_a_forked_child_gets_a_free_lock_and_no_callback(monkeypatch):
+    """A job thread of the parent may hold `_lock` at the fork; the child has no such thread (its hook, run here as
+    the child would)."""
+    held = threading.Lock()
+    held.acquire()
+    monkeypatch.setattr(py_start_gate, "_lock", held)
+    try:
+        py_start_gate._after_fork_in_child()
+        assert py_start_gate._lock is not held and not py_start_gate.installed()
+        assert py_start_gate._lock.acquire(blocking=False)
+        py_start_gate._lock.release()
+    finally:
+        held.release()
