@@ -11,8 +11,13 @@ The parent's job is never interrupted (an exception raised in it while it import
 left that module registered twice, and every later compile of the process failed, the program's own included). So:
 
 - before a fork (`os.register_at_fork`): the worker starts no new job (`worker.hold_for_fork`), and the fork waits
-  until the running job is between two imports, at most `FORK_WAIT_S` (a job stepping aside for a request made by
-  the forking thread cannot finish its import: the fork then goes on after that wait);
+  until every running job (side jobs too) is parked by its step-aside gate at a Python function start outside any
+  import (`worker_yield.fork_begins`), is finished, or waits in the standard library's code, at most
+  `FORK_WAIT_S`. Parked there, a job thread is in none of torch's C++ code: a child forked while it was had hung
+  for good in the C++ guard of a static the job was initializing (an operator's first call), measured on this CPU
+  in 1 of about 30 forks of `tests/aitune_jit/scripts/fork_while_tuning.py` under load. The parked jobs go on
+  after the fork. A job without a gate (`AITUNE_WORKER_YIELD_MS=0`, a traced thread, a warm rebuild on the CPU:
+  `worker_yield.running_freely`) is only waited for until it is outside any import;
 - in the child: dynamo's compile lock, if a thread that does not exist there holds it, is replaced by a fresh one
   (`torch._dynamo.convert_frame.compile_lock`, read by name at each compile); the nodes whose job was queued or
   running in the parent record again, with a fresh tuning lock where the job held theirs
@@ -20,8 +25,9 @@ left that module registered twice, and every later compile of the process failed
   `replica_claims`);
 - forks made by aitune's own threads are left alone.
 
-What stays: a lock the job holds that is neither of these (one of torch's own, inside a compile) is inherited held,
-and global settings a compile patches for its duration (Inductor's config) keep the job's values in the child.
+What stays: a Python lock a parked job holds across calls that is neither of these (one of torch's own, inside a
+compile) is inherited held, as is any lock of a job that has no gate or did not park within `FORK_WAIT_S`; and
+global settings a compile patches for its duration (Inductor's config) keep the job's values in the child.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from aitune_jit import worker
+from aitune_jit import worker, worker_yield
 
 if TYPE_CHECKING:
     from aitune_jit.outcome import TuningNode
@@ -49,37 +55,56 @@ _forking: dict[int, list[TuningNode]] = {}
 def _before_fork() -> None:
     if threading.current_thread().name.startswith("aitune-"):  # (aitune's own threads fork only to run a program)
         return
-    _forking[threading.get_ident()] = []  # (first: the parent's hook releases the worker only for such a fork)
+    _forking[threading.get_ident()] = []  # (first: the parent's hook lets go only for such a fork)
+    worker_yield.fork_begins()
     job, queued = worker.hold_for_fork(True)
     running = job is not None and not job.finished.is_set()
     node = job.node_ref() if running else None
     _forking[threading.get_ident()] = queued + ([node] if node is not None else [])
-    if not running or job.thread is threading.current_thread():
-        return
+    jobs = [(thread, finished) for thread, finished in worker.live_job_threads()
+            if thread is not threading.current_thread()]
     deadline = time.monotonic() + FORK_WAIT_S
-    while _importing(job.thread) and time.monotonic() < deadline:
-        time.sleep(0.002)
-    if _importing(job.thread):
-        _logger.debug("fork: the tuning job of %s was still importing after %.0fs", job.path, FORK_WAIT_S)
+    while True:
+        states = {thread.name: _fork_state(thread, finished) for thread, finished in jobs}
+        if all(state in _SAFE for state in states.values()) or time.monotonic() >= deadline:
+            break
+        worker_yield.wait_for_parking(0.002)
+    if not all(state in _SAFE for state in states.values()):
+        _logger.debug("fork: after %.0fs, tuning jobs were still %s", FORK_WAIT_S, states)
 
 
-def _importing(thread: threading.Thread | None) -> bool:
-    """Whether `thread` is inside an import now (it holds that module's import lock)."""
-    frame = sys._current_frames().get(thread.ident) if thread is not None and thread.ident is not None else None
-    while frame is not None:
-        if frame.f_code.co_name == "_find_and_load" and "importlib._bootstrap" in frame.f_code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
+#: where a job thread holds no lock a child would inherit held (`_fork_state`)
+_SAFE = ("parked", "finished", "waiting")
+#: standard-library code a job thread runs while it waits for something else (its compile process, an event, a
+#: lock): a thread whose innermost Python frame is there is in none of torch's C++ code
+_WAITING_FILES = ("threading.py", "queue.py", "selectors.py", "subprocess.py", "/concurrent/futures/_base.py",
+                  "/multiprocessing/connection.py")
+
+
+def _fork_state(thread: threading.Thread, finished: threading.Event) -> str:
+    """"parked" by its gate, "finished", "importing", "waiting" in the standard library's code (or, with no gate
+    on it, anywhere outside an import) or "running"."""
+    gate = worker_yield.gate_of(thread.ident)
+    if gate == "parked":
+        return "parked"
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
+    if finished.is_set() or frame is None:
+        return "finished"
+    if worker_yield.importing(frame):
+        return "importing"
+    if gate is None or frame.f_code.co_filename.endswith(_WAITING_FILES):
+        return "waiting"
+    return "running"
 
 
 def _after_fork_in_parent() -> None:
     if _forking.pop(threading.get_ident(), None) is None:
         return
     try:
+        worker_yield.fork_ended()
         worker.hold_for_fork(False)
     except Exception:  # (never: but a fork must not fail because of aitune)
-        _logger.debug("resuming the tuning worker after a fork failed", exc_info=True)
+        _logger.debug("resuming the tuning jobs after a fork failed", exc_info=True)
 
 
 def _after_fork_in_child() -> None:
@@ -117,7 +142,7 @@ def _timed_before_fork() -> None:
         _logger.debug("preparing the tuning worker for a fork failed", exc_info=True)
     took = time.monotonic() - start
     if took > 0.1:
-        _logger.debug("fork: waited %.2fs for the tuning job's imports", took)
+        _logger.debug("fork: waited %.2fs for the tuning jobs to park", took)
 
 
 _installed = False

@@ -330,6 +330,12 @@ def hold_for_fork(held: bool) -> tuple[_Job | None, list[TuningNode]]:
     return _worker.hold(held) if _worker is not None else (None, [])
 
 
+def live_job_threads() -> list[tuple[threading.Thread, threading.Event]]:
+    """The threads of the jobs running now (tuning jobs, abandoned ones included, and side jobs), each with the
+    event set when its job is finished (`fork_safety`)."""
+    return [(job.thread, job.finished) for job in list(_live_jobs) if job.thread is not None]  # (one C-level copy)
+
+
 def pending() -> list[str]:
     worker = _worker
     return worker.pending() if worker is not None else []

@@ -35,6 +35,10 @@ The difference is large: the warm build of ResNet-50 (blocking, `scratch` measur
 TinyResNet jobs each, interleaved) the trace function made the job 1.33x slower than no gate and the profile
 function 1.55x.
 
+The gate is also where a job waits for a fork (`park_for_fork`, used by `fork_safety`): at a function start
+outside any import, the job thread is in no C++ code of torch's, so it holds none of torch's internal locks nor a
+static being initialized, which `fork()` would copy held into a child whose threads never release them.
+
 `AITUNE_WORKER_YIELD_MS`: the longest wait in milliseconds (default 25; 0 turns stepping aside off).
 `AITUNE_WORKER_YIELD_GATE`: `monitoring` (default; the trace function where monitoring is missing), `trace`
 or `profile` (e.g. beside a tool that needs every monitoring id).
@@ -60,6 +64,8 @@ _logger = logging.getLogger("aitune.jit")
 DEFAULT_MAX_WAIT_S = 0.025
 #: after a wait that ran out, the job runs this long before it steps aside again
 RUN_SLICE_S = 0.01
+#: the longest a gate stays parked for a fork (`fork_ended` ends it; this, should that never come)
+PARK_LIMIT_S = 30.0
 
 _lock = threading.Lock()
 _cond = threading.Condition(_lock)
@@ -72,6 +78,9 @@ _gates: dict[int, _StepAside] = {}  # job thread -> its gate, while it runs unde
 _jobs = 0  # job threads inside `steps_aside` (either gate)
 _here = threading.local()  # .gate: the current thread's gate while it is installed (`_gated`)
 _cancelling = 0  # gates asked to raise in their threads (`_StepAside.cancel`): while any is, every gate call checks
+_forking = 0  # forks waiting for the jobs to park (`park_for_fork`): while any is, every gate call checks
+_parked: set[int] = set()  # job threads parked for a fork
+_installed: set[int] = set()  # threads whose gate is on now (either mechanism)
 
 
 def request_started() -> None:
@@ -141,14 +150,14 @@ class _StepAside:
         if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
             self.mechanism = "monitoring"
             _gates[ident] = self
-            self.active = True
-            return True
-        self.mechanism = "profile" if gate_choice() == "profile" else "trace"
-        get, put = self._functions()
-        if get() is not None:
-            return False
-        put(self)
+        else:
+            self.mechanism = "profile" if gate_choice() == "profile" else "trace"
+            get, put = self._functions()
+            if get() is not None:
+                return False
+            put(self)
         self.active = True
+        _installed.add(ident)
         return True
 
     def uninstall(self) -> None:
@@ -187,7 +196,7 @@ class _StepAside:
         return (sys.getprofile, sys.setprofile) if self.mechanism == "profile" else (sys.gettrace, sys.settrace)
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        if _inflight or _cancelling:
+        if _inflight or _cancelling or _forking:
             self.check(event == "call", frame.f_code)
 
     def check(self, at_call: bool = True, code: Any = None) -> None:
@@ -199,6 +208,8 @@ class _StepAside:
         raising = at_call and may_cancel_in(code)
         if raising and self.cancel_with is not None and not self.paused_by():
             self._raise_cancel()
+        if _forking and at_call and not importing(sys._getframe()):
+            self._park()
         if not _inflight:
             return
         if (self.free_until and time.monotonic() < self.free_until) or timing_now() or self.paused_by():
@@ -264,6 +275,17 @@ class _StepAside:
         self.free_until = 0.0 if idle else now + RUN_SLICE_S
 
 
+    def _park(self) -> None:
+        """Wait here while a fork is under way (`park_for_fork`); a cancel ends the wait."""
+        with _cond:
+            _parked.add(self.ident)
+            _cond.notify_all()
+            try:
+                _cond.wait_for(lambda: not _forking or self.cancel_with is not None, PARK_LIMIT_S)
+            finally:
+                _parked.discard(self.ident)
+
+
 #: functions where a cancel raised at their start would leave what the caller took held: a context manager's
 #: exit, a lock's release (importlib's module locks, `threading`'s conditions, `logging`'s handlers)
 _RELEASING = frozenset({"__exit__", "__aexit__", "release", "_release_save", "_acquire_restore", "__del__"})
@@ -285,13 +307,50 @@ def may_cancel_in(code: Any) -> bool:
 def _on_function_start(code: Any, offset: int) -> None:
     """The monitoring callback, on every thread: only a job thread, and only while a request runs (or its job is
     being cancelled), goes further."""
-    if _inflight or _cancelling:
+    if _inflight or _cancelling or _forking:
         gate = _gates.get(threading.get_ident())
         if gate is not None:
             try:
                 gate.check(True, code)
             except Exception:  # an error here would surface in whatever code the thread was starting
                 _logger.debug("stepping-aside check failed", exc_info=True)
+
+
+def importing(frame: Any) -> bool:
+    """Whether the thread running `frame` is inside an import (it holds that module's import lock)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_find_and_load" and "importlib._bootstrap" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def fork_begins() -> None:
+    """A fork is being prepared (`fork_safety`): every gate parks at its next function start outside an import,
+    until `fork_ended` (which must follow)."""
+    global _forking
+    with _cond:
+        _forking += 1
+
+
+def gate_of(ident: int | None) -> str | None:
+    """"parked" (for a fork), "on" (a gate is installed on that thread) or None."""
+    return "parked" if ident in _parked else "on" if ident in _installed else None
+
+
+def wait_for_parking(seconds: float) -> None:
+    """Wait until a gate parks, or `seconds` pass."""
+    with _cond:
+        _cond.wait(seconds)
+
+
+def fork_ended() -> None:
+    """In the parent, after a fork `park_for_fork` prepared (or one that failed): the parked gates go on."""
+    global _forking
+    with _cond:
+        _forking = max(0, _forking - 1)
+        _cond.notify_all()
 
 
 @contextlib.contextmanager
@@ -385,6 +444,7 @@ def stand_down_monitoring() -> None:
 def _deactivate(gate: _StepAside) -> None:
     """The gate is leaving: a cancel not raised yet is dropped (the caller falls back on its own means)."""
     gate.active = False
+    _installed.discard(gate.ident)
     gate.withdraw_cancel()
 
 
@@ -399,11 +459,13 @@ def _after_fork_in_child() -> None:
     a lock a job thread held at the fork (its gate takes `_lock` at every check) is held by no thread here; left
     as they were, the child's calls kept counting themselves as requests for a job that does not exist, and would
     wait for that lock for good. Requests in flight are the forking thread's own and stay counted."""
-    global _lock, _cond, _jobs, _waiting, _cancelling
+    global _lock, _cond, _jobs, _waiting, _cancelling, _forking
     _lock = threading.Lock()
     _cond = threading.Condition(_lock)
     _gates.clear()
-    _jobs = _waiting = _cancelling = 0
+    _parked.clear()
+    _installed.clear()
+    _jobs = _waiting = _cancelling = _forking = 0
 
 
 if hasattr(os, "register_at_fork"):

@@ -7,13 +7,14 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch._dynamo.convert_frame as convert_frame
 from jit_helpers import CountingBackend, make_mlp, run
 
-from aitune_jit import fork_safety, worker
+from aitune_jit import fork_safety, worker, worker_yield
 from aitune_jit.config import jit_config
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.switch import enable
@@ -109,3 +110,64 @@ def test_a_node_reopened_after_a_fork_records_again_with_a_free_tuning_lock():
         node._tune_lock.release()
     finally:
         held.release()
+
+
+def _tick() -> None:
+    """One Python call: a function start, where a gate may park."""
+
+
+def _busy_job(stop: list[bool], counts: list[int]) -> None:
+    with worker_yield.steps_aside():
+        while not stop:
+            _tick()
+            counts[0] += 1
+
+
+def _until(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return condition()
+
+
+def test_a_fork_waits_until_the_running_job_is_parked_and_lets_it_go_after(monkeypatch):
+    """Parked at a function start, the job is in none of torch's C++ code: a child forked while it initialized an
+    operator's static hung in that static's guard for good."""
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "5000")
+    stop, counts = [], [0]
+    thread = threading.Thread(target=_busy_job, args=(stop, counts), name="aitune-tuning-job", daemon=True)
+    thread.start()
+    assert _until(lambda: counts[0] > 0)
+    monkeypatch.setattr(worker, "live_job_threads", lambda: [(thread, threading.Event())])
+    fork_safety._before_fork()
+    try:
+        assert worker_yield.gate_of(thread.ident) == "parked"
+        parked_at = counts[0]
+        time.sleep(0.05)
+        assert counts[0] == parked_at
+    finally:
+        fork_safety._after_fork_in_parent()
+    assert _until(lambda: counts[0] > parked_at)
+    stop.append(True)
+    thread.join(5)
+
+
+def test_a_job_thread_s_fork_state():
+    stop, counts = [], [0]
+    busy = threading.Thread(target=_busy_job, args=(stop, counts), daemon=True)
+    busy.start()
+    assert _until(lambda: counts[0] > 0)
+    waits, finished = threading.Event(), threading.Event()
+    idle = threading.Thread(target=waits.wait, args=(10,), daemon=True)
+    idle.start()
+    try:
+        assert fork_safety._fork_state(busy, threading.Event()) == "running"  # (gated, no fork under way)
+        assert fork_safety._fork_state(idle, threading.Event()) == "waiting"  # (in threading's code)
+        finished.set()
+        assert fork_safety._fork_state(busy, finished) == "finished"
+    finally:
+        stop.append(True)
+        waits.set()
+        busy.join(5)
+        idle.join(5)
+    assert fork_safety._fork_state(idle, threading.Event()) == "finished"  # (its thread ended)

@@ -469,31 +469,3 @@ def test_frozen_importlib_threading_and_logging_are_never_where_a_cancel_lands()
     assert not wy.may_cancel_in(logging.Handler.release.__code__)
     assert not wy.may_cancel_in(_Held.__exit__.__code__)
     assert wy.may_cancel_in(_tick.__code__) and wy.may_cancel_in(None)
-
-
-
-def test_a_forked_child_starts_with_no_gate_state_and_a_free_lock(monkeypatch):
-    """A child forked while a job's gate held `_lock` and counted a job would wait for that lock for good and count
-    its calls as requests: the child's hook makes both anew (`_after_fork_in_child`, run here as the child would)."""
-    held, taken, done = threading.Lock(), threading.Event(), threading.Event()
-    monkeypatch.setattr(wy, "_lock", held)
-    monkeypatch.setattr(wy, "_cond", threading.Condition(held))
-    monkeypatch.setattr(wy, "_jobs", 1)
-    monkeypatch.setattr(wy, "_gates", {12345: object()})
-
-    def hold() -> None:
-        with held:
-            taken.set()
-            done.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    taken.wait(10)
-    try:
-        wy._after_fork_in_child()
-        assert not wy.jobs_stepping_aside() and wy._gates == {}
-        wy.request_started()  # (with the old lock: waits for good)
-        wy.request_finished()
-    finally:
-        done.set()
-        holder.join()
