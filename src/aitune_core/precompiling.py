@@ -11,7 +11,8 @@ Two things torch's saved format does not carry by itself, both needed by transfo
 - guards on object identities (`ID_MATCH` and its family: a builtin activation function, a code object that
   `inspect.signature` read) cannot be saved; they are left out (`guard_filter_fn`, as torch's own
   `caching_precompile` does). What they checked is checked instead when the file is loaded: the structure of
-  the module (`structure_of`) and the outputs on the loading process's own recorded calls (validation);
+  the module (`structure_of`) and the outputs on the loading process's own recorded calls (validation). Guards
+  on functions' default values are left out too before torch 2.13, which cannot load them (`savable_guards`);
 - module aliases that dynamo put into the entry's globals (`___module_collections_<id>_c0`, to build a
   `ModelOutput`) are named in the file's header (`HEADER`), so that the loader can import them.
 
@@ -75,11 +76,23 @@ def _largest(data: Sequence[Sample]) -> Sample:
 
 #: guard kinds torch cannot save (see the module docstring)
 UNSAVED_GUARDS = frozenset({"ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION"})
+#: whether this torch loads guards on a function's default values (`DEFAULTS_GUARDS`)
+DEFAULTS_GUARDS_LOAD = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 13)
+#: what the name of a guard on a function's default values holds (dynamo's `DefaultsSource`)
+DEFAULTS_GUARDS = (".__defaults__", ".__kwdefaults__")
 
 
 def savable_guards(entries: Sequence[Any]) -> list[bool]:
-    """`guard_filter_fn`: keep every guard torch can save."""
-    return [not (entry.guard_type in UNSAVED_GUARDS or UNSAVED_GUARDS.intersection(entry.derived_guard_types))
+    """`guard_filter_fn`: keep every guard torch can save, and can load again.
+
+    Guards on a function's default values are left out before torch 2.13: torch 2.11 saves them but fails to load
+    them (`DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given`, every
+    transformers model: `inspect.signature`'s keyword defaults, a layer's `feed_forward_chunk.__defaults__`;
+    measured on an H100 with a tiny BertModel, which loads and answers within 7.2e-7 once they are left out).
+    What they checked - defaults the program changed after the file was made - the loading process's validation
+    on its own calls checks instead."""
+    return [not (entry.guard_type in UNSAVED_GUARDS or UNSAVED_GUARDS.intersection(entry.derived_guard_types)
+                 or (not DEFAULTS_GUARDS_LOAD and any(part in entry.name for part in DEFAULTS_GUARDS)))
             for entry in entries]
 
 
