@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 import torch._dynamo.convert_frame as convert_frame
 from jit_helpers import CountingBackend, make_mlp, run
 
@@ -45,6 +46,9 @@ def test_a_fork_while_the_job_imports_a_module_waits_for_that_import_and_both_tu
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(torch.cuda.is_available(), strict=True, reason="dynamo initialised CUDA in the parent's job (its "
+                   "compiles read the CUDA random state), so the child's own compile cannot re-initialise it (README, "
+                   "Limitations)")
 def test_a_child_forked_while_the_job_compiles_can_compile_itself(tmp_path):
     """The job holds dynamo's compile lock during its Inductor compile: the child gets a free one."""
     reports = _run("fork_mid_compile.py", str(tmp_path))
