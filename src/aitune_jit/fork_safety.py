@@ -11,13 +11,16 @@ The parent's job is never interrupted (an exception raised in it while it import
 left that module registered twice, and every later compile of the process failed, the program's own included). So:
 
 - before a fork (`os.register_at_fork`): the worker starts no new job (`worker.hold_for_fork`), and the fork waits
-  until every running job (side jobs too) is parked by its step-aside gate at a Python function start outside any
-  import (`worker_yield.fork_begins`), is finished, or waits in the standard library's code, at most
-  `FORK_WAIT_S`. Parked there, a job thread is in none of torch's C++ code: a child forked while it was had hung
-  for good in the C++ guard of a static the job was initializing (an operator's first call), measured on this CPU
-  in 1 of about 30 forks of `tests/aitune_jit/scripts/fork_while_tuning.py` under load. The parked jobs go on
-  after the fork. A job without a gate (`AITUNE_WORKER_YIELD_MS=0`, a traced thread, a warm rebuild on the CPU:
-  `worker_yield.running_freely`) is only waited for until it is outside any import;
+  until every running job (side jobs too) is parked by its step-aside gate at a Python function start where it
+  holds no import or standard-library lock (`worker_yield.fork_begins`, `park_spots.parkable`), is finished, or
+  waits in the standard library's code, at most `FORK_WAIT_S`. Parked there, a job thread is not inside the C++
+  code of an operator it called: a child forked while it was had hung for good in the C++ guard of a static the
+  job was initializing (an operator's first call), 1 fork in about 25 of
+  `tests/aitune_jit/scripts/fork_while_tuning.py` under load on this CPU. The parked jobs go on after the fork.
+  A job without a gate (`AITUNE_WORKER_YIELD_MS=0`, a traced thread, a warm rebuild on the CPU:
+  `worker_yield.running_freely`, and the set-up before its gate is on) is only waited for until it is outside any
+  import; one seen waiting in the standard library's code may return into its own code and call an operator
+  before the fork happens;
 - in the child: dynamo's compile lock, if a thread that does not exist there holds it, is replaced by a fresh one
   (`torch._dynamo.convert_frame.compile_lock`, read by name at each compile); the nodes whose job was queued or
   running in the parent record again, with a fresh tuning lock where the job held theirs
@@ -39,7 +42,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from aitune_jit import worker, worker_yield
+from aitune_jit import park_spots, worker, worker_yield
 
 if TYPE_CHECKING:
     from aitune_jit.outcome import TuningNode
@@ -77,8 +80,10 @@ def _before_fork() -> None:
 _SAFE = ("parked", "finished", "waiting")
 #: standard-library code a job thread runs while it waits for something else (its compile process, an event, a
 #: lock): a thread whose innermost Python frame is there is in none of torch's C++ code
-_WAITING_FILES = ("threading.py", "queue.py", "selectors.py", "subprocess.py", "/concurrent/futures/_base.py",
-                  "/multiprocessing/connection.py")
+_STDLIB = os.path.dirname(threading.__file__)
+_WAITING_FILES = frozenset(os.path.join(_STDLIB, *name.split("/")) for name in (
+    "threading.py", "queue.py", "selectors.py", "subprocess.py", "concurrent/futures/_base.py",
+    "multiprocessing/connection.py"))
 
 
 def _fork_state(thread: threading.Thread, finished: threading.Event) -> str:
@@ -90,9 +95,9 @@ def _fork_state(thread: threading.Thread, finished: threading.Event) -> str:
     frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
     if finished.is_set() or frame is None:
         return "finished"
-    if worker_yield.importing(frame):
+    if park_spots.importing(frame):
         return "importing"
-    if gate is None or frame.f_code.co_filename.endswith(_WAITING_FILES):
+    if gate is None or frame.f_code.co_filename in _WAITING_FILES:
         return "waiting"
     return "running"
 

@@ -35,9 +35,10 @@ The difference is large: the warm build of ResNet-50 (blocking, `scratch` measur
 TinyResNet jobs each, interleaved) the trace function made the job 1.33x slower than no gate and the profile
 function 1.55x.
 
-The gate is also where a job waits for a fork (`park_for_fork`, used by `fork_safety`): at a function start
-outside any import, the job thread is in no C++ code of torch's, so it holds none of torch's internal locks nor a
-static being initialized, which `fork()` would copy held into a child whose threads never release them.
+The gate is also where a job waits for a fork (`fork_begins`, used by `fork_safety`): at a function start, the
+job thread is not inside the C++ code of an operator it called, so it holds no static being initialized there nor
+that operator's locks, which `fork()` would copy held into a child whose threads never release them; and
+`park_spots.parkable` keeps it from parking inside an import or the standard library's locking code.
 
 `AITUNE_WORKER_YIELD_MS`: the longest wait in milliseconds (default 25; 0 turns stepping aside off).
 `AITUNE_WORKER_YIELD_GATE`: `monitoring` (default; the trace function where monitoring is missing), `trace`
@@ -56,7 +57,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from aitune_core.timed_section import timing_now
-from aitune_jit import py_start_gate
+from aitune_jit import park_spots, py_start_gate
 from aitune_jit.worker_env import env_choice, env_number
 
 _logger = logging.getLogger("aitune.jit")
@@ -78,7 +79,8 @@ _gates: dict[int, _StepAside] = {}  # job thread -> its gate, while it runs unde
 _jobs = 0  # job threads inside `steps_aside` (either gate)
 _here = threading.local()  # .gate: the current thread's gate while it is installed (`_gated`)
 _cancelling = 0  # gates asked to raise in their threads (`_StepAside.cancel`): while any is, every gate call checks
-_forking = 0  # forks waiting for the jobs to park (`park_for_fork`): while any is, every gate call checks
+_forking = 0  # forks waiting for the jobs to park (`fork_begins`): while any is, every gate call checks
+_park_until = 0.0  # gates park only until then (`fork_begins`)
 _parked: set[int] = set()  # job threads parked for a fork
 _installed: set[int] = set()  # threads whose gate is on now (either mechanism)
 
@@ -208,13 +210,15 @@ class _StepAside:
         raising = at_call and may_cancel_in(code)
         if raising and self.cancel_with is not None and not self.paused_by():
             self._raise_cancel()
-        if _forking and at_call and not importing(sys._getframe()):
+        if _forking and at_call:
             self._park()
         if not _inflight:
             return
         if (self.free_until and time.monotonic() < self.free_until) or timing_now() or self.paused_by():
             return  # (a paused capture would hold up every device synchronization of the requests)
         self._wait()
+        if _forking and at_call:  # (the wait ends when a fork begins: park before the function's body runs)
+            self._park()
         if raising and self.cancel_with is not None and not self.paused_by():
             self._raise_cancel()
 
@@ -266,7 +270,8 @@ class _StepAside:
         with _cond:
             _waiting += 1
             try:
-                idle = _cond.wait_for(lambda: _inflight == 0 or self.cancel_with is not None, self.max_wait)
+                idle = _cond.wait_for(lambda: _inflight == 0 or self.cancel_with is not None or _forking,
+                                      self.max_wait)
             finally:
                 _waiting -= 1
         now = time.monotonic()
@@ -276,12 +281,16 @@ class _StepAside:
 
 
     def _park(self) -> None:
-        """Wait here while a fork is under way (`park_for_fork`); a cancel ends the wait."""
+        """Wait here while a fork is under way (`fork_begins`), unless this spot may hold a lock of the standard
+        library's (`park_spots.parkable`) or the forks' `PARK_LIMIT_S` has passed; a cancel ends the wait."""
+        if time.monotonic() >= _park_until or not park_spots.parkable(park_spots.starting_frame()):
+            return
         with _cond:
             _parked.add(self.ident)
             _cond.notify_all()
             try:
-                _cond.wait_for(lambda: not _forking or self.cancel_with is not None, PARK_LIMIT_S)
+                _cond.wait_for(lambda: not _forking or self.cancel_with is not None,
+                               max(0.0, _park_until - time.monotonic()))
             finally:
                 _parked.discard(self.ident)
 
@@ -316,22 +325,14 @@ def _on_function_start(code: Any, offset: int) -> None:
                 _logger.debug("stepping-aside check failed", exc_info=True)
 
 
-def importing(frame: Any) -> bool:
-    """Whether the thread running `frame` is inside an import (it holds that module's import lock)."""
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_find_and_load" and "importlib._bootstrap" in code.co_filename:
-            return True
-        frame = frame.f_back
-    return False
-
-
 def fork_begins() -> None:
-    """A fork is being prepared (`fork_safety`): every gate parks at its next function start outside an import,
-    until `fork_ended` (which must follow)."""
-    global _forking
+    """A fork is being prepared (`fork_safety`): every gate parks at its next function start where it may
+    (`park_spots.parkable`), until `fork_ended` (which must follow) or for `PARK_LIMIT_S` in all."""
+    global _forking, _park_until
     with _cond:
         _forking += 1
+        _park_until = max(_park_until, time.monotonic() + PARK_LIMIT_S)
+        _cond.notify_all()  # (a gate waiting for requests to end parks now)
 
 
 def gate_of(ident: int | None) -> str | None:
@@ -347,9 +348,11 @@ def wait_for_parking(seconds: float) -> None:
 
 def fork_ended() -> None:
     """In the parent, after a fork `park_for_fork` prepared (or one that failed): the parked gates go on."""
-    global _forking
+    global _forking, _park_until
     with _cond:
         _forking = max(0, _forking - 1)
+        if not _forking:
+            _park_until = 0.0  # (the next fork's limit starts with it)
         _cond.notify_all()
 
 
@@ -459,13 +462,14 @@ def _after_fork_in_child() -> None:
     a lock a job thread held at the fork (its gate takes `_lock` at every check) is held by no thread here; left
     as they were, the child's calls kept counting themselves as requests for a job that does not exist, and would
     wait for that lock for good. Requests in flight are the forking thread's own and stay counted."""
-    global _lock, _cond, _jobs, _waiting, _cancelling, _forking
+    global _lock, _cond, _jobs, _waiting, _cancelling, _forking, _park_until
     _lock = threading.Lock()
     _cond = threading.Condition(_lock)
     _gates.clear()
     _parked.clear()
     _installed.clear()
     _jobs = _waiting = _cancelling = _forking = 0
+    _park_until = 0.0
 
 
 if hasattr(os, "register_at_fork"):

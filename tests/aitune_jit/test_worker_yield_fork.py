@@ -10,6 +10,7 @@ import time
 import pytest
 from test_worker_yield import _finish, _Job, _start, _tick, mechanism  # noqa: F401 (mechanism: a fixture)
 
+from aitune_jit import park_spots
 from aitune_jit import worker_yield as wy
 
 
@@ -76,7 +77,7 @@ def test_a_gate_inside_an_import_parks_only_once_the_import_is_done(monkeypatch,
         "while not probe.leave.is_set():\n    probe.tick()\n")
     probe = type(sys)("worker_yield_parking_probe")
     probe.inside, probe.leave, probe.tick, probe.importing, probe.seen = (
-        threading.Event(), threading.Event(), _tick, wy.importing, [])
+        threading.Event(), threading.Event(), _tick, park_spots.importing, [])
     monkeypatch.setitem(sys.modules, "worker_yield_parking_probe", probe)
     monkeypatch.syspath_prepend(str(tmp_path))
     idents, after, stop = [], [], threading.Event()
@@ -93,7 +94,7 @@ def test_a_gate_inside_an_import_parks_only_once_the_import_is_done(monkeypatch,
     thread = threading.Thread(target=body, daemon=True)
     thread.start()
     assert probe.inside.wait(5)
-    assert probe.seen == [True] and not wy.importing(sys._getframe())
+    assert probe.seen == [True] and not park_spots.importing(sys._getframe())
     wy.fork_begins()
     try:
         time.sleep(0.1)
@@ -109,3 +110,40 @@ def test_a_gate_inside_an_import_parks_only_once_the_import_is_done(monkeypatch,
         thread.join(5)
         sys.modules.pop("slow_import_for_parking", None)
     assert wy.gate_of(idents[0]) is None  # (its gate came off with the job)
+
+
+def _parked_within(ident: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while wy.gate_of(ident) != "parked" and time.monotonic() < deadline:
+        wy.wait_for_parking(0.01)
+    return wy.gate_of(ident) == "parked"
+
+
+def test_a_job_waiting_for_a_request_parks_as_soon_as_a_fork_begins(job):
+    """Its wait (5 s here) ends when the fork begins, and it parks before the body of the function it was
+    starting runs."""
+    wy.request_started()
+    try:
+        time.sleep(0.05)  # (the job waits for the request)
+        began = time.monotonic()
+        wy.fork_begins()
+        try:
+            assert _parked_within(job.ident, 2) and time.monotonic() - began < 2
+        finally:
+            wy.fork_ended()
+    finally:
+        wy.request_finished()
+
+
+def test_the_park_limit_holds_for_the_whole_fork_not_for_each_park(job, monkeypatch):
+    """A fork whose end never comes holds the job for `PARK_LIMIT_S` once; the job then runs on."""
+    monkeypatch.setattr(wy, "PARK_LIMIT_S", 0.2)
+    wy.fork_begins()
+    try:
+        assert _parked_within(job.ident, 2)
+        time.sleep(0.3)
+        at = job.count
+        time.sleep(0.2)
+        assert job.count > at + 100 and wy.gate_of(job.ident) == "on"  # (it parks again at no later start)
+    finally:
+        wy.fork_ended()
