@@ -73,3 +73,15 @@ def brief(exc: BaseException) -> str:
             break
     text = " / ".join(lines[:BRIEF_LINES]) + (" / ..." if len(lines) > BRIEF_LINES else "")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class CompiledCodeMissed(AITuneError):
+    """A backend answered a call with the plain code because its compiled code no longer fits the program's state
+    (dynamo's guards failed) and it does not compile on the caller's thread (`Backend.serve`). `output` is that
+    call's answer: the dispatcher returns it and tells the backend's owner (`GraphDispatcher`)."""
+
+    def __init__(self, output: object, error: Exception | None = None) -> None:
+        super().__init__("the compiled code's guards failed; the plain code answered")
+        self.output = output
+        #: what the plain code raised (the user's own error: it ran once, and nothing runs it again)
+        self.error = error

@@ -27,15 +27,22 @@ import torch
 from aitune_jit import device_guard_pin, fork_safety, replica_claims, signal_passthrough, summary, tuner, worker
 from aitune_jit.compile_exclusion import excluding_compiles
 from aitune_jit.config import jit_config
+from aitune_jit.follow_ups import FollowUps
 from aitune_jit.node_recording import missing_for_tuning
 from aitune_jit.outcome import TuningOutcome, Verdict, release_backend
+from aitune_jit.range_growth import MAX_RETUNES, RangeGrowth
 from aitune_jit.runtime import bypassed, is_installed
+from aitune_jit.stale_samples import STALE
 from aitune_jit.state import NodeState
 
 if TYPE_CHECKING:
     from aitune_core.backends.backend import Backend
     from aitune_core.specs.graph_spec import GraphSpec
     from aitune_core.strategies.strategy import TuneReport
+
+
+#: tunings a node gets again after its backends stopped fitting the module (`_backends_outdated`) before it stays eager
+RETUNES_AFTER_CHANGES = 4
 
 
 class NodeTransitions:
@@ -64,6 +71,7 @@ class NodeTransitions:
                 return
             self._pending = False
             self._tuning = True
+            self._release_retired()
             device_guard_pin.pin()  # (this thread may end before the program: see device_guard_pin)
             try:
                 with signal_passthrough.passing_through():
@@ -92,6 +100,7 @@ class NodeTransitions:
         owed = self._follow.snapshot()
         try:
             self._pending = False
+            self._release_retired()
             try:
                 with bypassed(), torch.no_grad():  # this thread's module calls are aitune's own
                     self.apply(tuner.tune(self))
@@ -206,6 +215,9 @@ class NodeTransitions:
             self._note_waits(outcome)
             self._follow.note(outcome)
             _APPLY[outcome.verdict](self, outcome)
+            if self.state is NodeState.TUNED and any(STALE in cause for cause in outcome.failed.values()):
+                self._record_anew("its recorded calls no longer match the module (the program changed what it "
+                                  "computes: a global, an attribute, a config value)")
             if self.state is not NodeState.TUNED:
                 self._follow.clear()  # nothing tuned is left to package or upgrade
 
@@ -285,6 +297,91 @@ class NodeTransitions:
         self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
         self._log(f"{self.short}: recording its calls again, the module changed while it was tuned ({reason})")
 
+    def _backends_outdated(self, what: str) -> bool:
+        """The dispatcher's news that the module's structure changed (`ModuleWatch`: `.to(torch.bfloat16)`,
+        `.cuda()`, a submodule of another class): its backends were made for the old one and the original module
+        answers. The node records its calls anew (`_record_anew`). Returns False, to be asked again at the next
+        call, while a job of its root runs or another thread compiles: taken between two calls, as an outcome."""
+        if self.state is not NodeState.TUNED or self._tuning or self.module is None:
+            return False
+        lock = self._tune_lock
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            with excluding_compiles(wait_s=0) as alone:
+                if not alone or self.state is not NodeState.TUNED:
+                    return False
+                self._record_anew(f"{what} since it was tuned")
+                return True
+        finally:
+            lock.release()
+
+    def _code_missed(self, name: str) -> bool:
+        """The dispatcher's news that a call of graph `name` missed its compiled code (dynamo's guards failed,
+        `run_only.py`) and the original forward answered it. Counted with the calls outside the graph's ranges
+        (`range_growth`): after `jit_config.retune_after_misses` of them the graph is tuned again in the
+        background, the compiled graph serving what still fits meanwhile. Where the program changed what the module
+        computes (a global, an attribute), that tuning finds the recorded calls stale and the node records anew.
+        Returns False once the graph's re-tunings are spent (an input layout no recorded call had, which no
+        re-tuning compiles): its backend then compiles inside the call, as torch.compile does."""
+        if self.state is not NodeState.TUNED or not any(s.name == name for s, _ in self._entries):
+            return True
+        if self._growth.retunes.get(name, 0) >= MAX_RETUNES and name not in self._growth.due:
+            self._note_once(f"compiles-{name}", f"{self.short}: calls of graph {name} still miss its compiled code "
+                            f"after {MAX_RETUNES} tunings; its backend compiles them inside the call from now on")
+            return False
+        if not self._tuning and self._growth.missed(name):
+            self._log(f"{self.short}: {jit_config.retune_after_misses} calls of graph {name} missed its compiled "
+                      "code (dynamo's guards failed: a global, an attribute, a config value or an input layout it "
+                      "was traced with changed) and ran the original forward; tuning it again")
+            self._pending = True
+            self._try_tune()
+        return True
+
+    def _record_anew(self, why: str) -> None:
+        """Forget the tunings and record the module's calls anew, to be tuned as it is now, in the background (the
+        decision key holds the dtypes: a return to an old structure finds its decision in the JIT cache); after
+        `RETUNES_AFTER_CHANGES` such starts it stays eager."""
+        self._retunes += 1
+        if self._retunes > RETUNES_AFTER_CHANGES:
+            retired = self._retired + [backend for _spec, backend in self._entries]
+            self._entries, self._retired = [], []
+            # (released on a side thread: a release collects garbage, and this may be a request's thread)
+            worker.start_side_job("release", lambda: [release_backend(backend) for backend in retired])
+            self._go_eager(f"{why}, after {RETUNES_AFTER_CHANGES} tunings for such changes already; it runs eagerly "
+                           "from now on", reopen=False, level=logging.WARNING)
+            return
+        self._forget_tuning()
+        self._log(f"{self.short}: {why}; the original module answers, and its calls are recorded to tune it again")
+
+    def _forget_tuning(self) -> None:
+        """Back to RECORDING with nothing of the tunings before (`_backends_outdated`); the subtree stays detached."""
+        from aitune_core.recording.graph_recorder import GraphRecorder
+
+        entries, self._entries = self._entries, []
+        self._dispatcher = None  # (a concurrent call that still sees TUNED runs the plain forward: `_dispatch`)
+        # released by its next tuning (`_release_retired`), not on the caller's thread: a release collects garbage
+        # (0.3 s for a small BERT on this CPU), which a job does with the program's objects frozen (worker_courtesy)
+        self._retired.extend(backend for _spec, backend in entries)
+        self.reports = []
+        self._failed.clear()
+        self._checked_graphs.clear()
+        self._growth = RangeGrowth()
+        self._follow = FollowUps()
+        self._waits.clear()
+        self._waited.clear()
+        self._recorder = GraphRecorder(self._forward_fn, name=self.path)  # type: ignore[arg-type]
+        self._recorded_again = False  # (a new structure: a change while its next tuning runs is news again)
+        self.state = NodeState.RECORDING
+        self.fast = False
+        summary.forget(self)
+
+    def _release_retired(self) -> None:
+        """Release the backends `_forget_tuning` took out of service (on the thread that tunes the node next)."""
+        retired, self._retired = self._retired, []
+        for backend in retired:
+            release_backend(backend)
+
     def _recorded_calls_fail(self) -> bool:
         """Whether the module's own forward now raises on its first recorded call. A job that failed that way met
         a module the program changed after recording it (converted to float64 while its job was queued), not an
@@ -321,6 +418,7 @@ class NodeTransitions:
         """Give the module back untouched (hook switched off)."""
         self._drop_forward()
         self._entries = []
+        self._retired = []
         self.fast = True
 
     def _drop_forward(self, *, keep_dispatcher: bool = False) -> None:

@@ -86,6 +86,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         "_quiet",
         "_recorded_again",
         "_recorder",
+        "_retired",
+        "_retunes",
         "_slot",
         "_started",
         "_stateful",
@@ -130,6 +132,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         self._recorder: GraphRecorder | None = None
         self._recorded_again = False  # the calls were recorded anew once after the module changed (`_record_again`)
         self._entries: list[tuple[GraphSpec, Backend]] = []
+        self._retunes = 0  # tunings again after the backends stopped fitting the module (`_backends_outdated`)
+        self._retired: list[Backend] = []  # backends out of service since the module changed (`_forget_tuning`)
         self._dispatcher: GraphDispatcher | None = None
         self._failed: dict[str, str] = {}
         self._growth = RangeGrowth()
@@ -331,10 +335,24 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
                 return self._tuned_request(forward, args, kwargs)
             if self._recordable(args, kwargs):
                 return self._dispatch(args, kwargs)
-            return forward(*args, **kwargs)  # type: ignore[misc]
+            return self._unrouted(forward, args, kwargs)
         if state is NodeState.RECORDING and self._recordable(args, kwargs):  # recorded during its job too
             return self._recorded_call(forward, args, kwargs)  # type: ignore[arg-type]
         return forward(*args, **kwargs)  # type: ignore[misc]
+
+    @staticmethod
+    def _unrouted(forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A tuned node's call that no backend takes (training mode, gradients): the original forward, with the
+        thread's module calls as aitune's own, like the backends' (`tls.bypass`). A submodule the program put in since
+        tuning (`net.fc2 = nn.Linear(...)`) is first called here: adopted as a node of its own, its forward wrapper
+        would sit in its `__dict__`, where the compiled graph's guards see it, and every later call of the tuned
+        module would miss that graph."""
+        state = tls
+        state.bypass += 1
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            state.bypass -= 1
 
     def _tuned_request(self, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """A tuned node's call outside any node's call while a job runs (re-tuning a range, tuning another module):
@@ -343,7 +361,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         try:
             if self._recordable(args, kwargs):
                 return self._dispatch(args, kwargs)
-            return forward(*args, **kwargs)
+            return self._unrouted(forward, args, kwargs)
         finally:
             request_finished()
 
@@ -405,7 +423,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         previous = old.watch if old is not None else None
         watch = ModuleWatch(module, self.backends, self.path, previous) if module is not None else None
         return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
-                               watch=watch, original=self._forward_fn, warned=old.warned if old else None)
+                               watch=watch, original=self._forward_fn, warned=old.warned if old else None,
+                               on_outdated=self._backends_outdated, on_code_missed=self._code_missed)
 
     @classmethod
     def release_all(cls) -> None:

@@ -350,10 +350,11 @@ def _tune_graph(
 
 
 def _validation_failed(exc: BaseException) -> bool:
-    """Some candidate built and then failed validation (what recorded calls that went stale cause)."""
-    return isinstance(exc, TuningFailedError) and any(
+    """Some candidate built and then failed validation (what recorded calls that went stale cause); a known
+    decision's backend that failed its validation raises the ValidationError itself."""
+    return isinstance(exc, ValidationError) or (isinstance(exc, TuningFailedError) and any(
         ValidationError.__name__ in (getattr(candidate, "error", None) or "")
-        for candidate in getattr(exc, "candidates", None) or ())
+        for candidate in getattr(exc, "candidates", None) or ()))
 
 
 def _log_rejected(node: TuningNode, report: TuneReport) -> None:

@@ -1,5 +1,6 @@
 import logging
 
+import pytest
 import torch
 from core_fakes import GoodBackend, TinyMLP, record
 
@@ -294,3 +295,78 @@ def test_a_call_inside_vmap_that_the_backend_cannot_run_blames_nothing(tmp_path)
         assert blamed == []
         dispatcher(torch.randn(4, 8))  # outside a transform the same failure is the backend's
     assert len(blamed) == 1
+
+
+def test_a_new_structure_goes_to_the_original_and_its_owner_is_told_until_it_takes_the_news(tmp_path):
+    from aitune_core.backends.module_watch import ModuleWatch
+
+    model, spec, backend, fallback, calls = _setup(tmp_path)
+    answers = [False, True]
+    told: list[str] = []
+
+    def on_outdated(what: str) -> bool:
+        told.append(what)
+        return answers.pop(0)
+
+    def original(*args, **kwargs):
+        calls["original"] = calls.get("original", 0) + 1
+        return model(*args, **kwargs)
+
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", watch=ModuleWatch(model, [backend]),
+                                 original=original, on_outdated=on_outdated)
+    model.act = torch.nn.GELU()  # (the backend runs the module: a compiled one would recompile here)
+    x = torch.randn(3, 8)
+    assert torch.equal(dispatcher(x), model(x))
+    assert torch.equal(dispatcher(x), model(x))
+    assert told == ["a submodule changed class (act: ReLU -> GELU)"] * 2  # asked again until it said True
+    assert calls["original"] == 2 and calls["backend"] == 0 and calls["fallback"] == 0
+
+
+def test_a_backend_answering_with_the_plain_code_is_served_and_its_owner_told_of_each_such_call(tmp_path):
+    from aitune_core.errors import CompiledCodeMissed
+
+    model, spec, backend, fallback, calls = _setup(tmp_path)
+
+    def missing(*args, **kwargs):  # what a compiled backend's `serve` does when its guards fail
+        raise CompiledCodeMissed(model(*args, **kwargs))
+
+    backend.serve = missing
+    told: list[str] = []
+    answers = [True, True, False]
+    x = torch.randn(3, 8)
+
+    def owner(graph: str) -> bool:
+        told.append(graph)
+        return answers.pop(0)
+
+    owned = GraphDispatcher([(spec, backend)], fallback, "mlp", on_code_missed=owner)
+    for _ in range(3):
+        assert torch.equal(owned(x), model(x))
+    assert told == [spec.name] * 3 and owned.code_misses == 3 and calls == {"backend": 0, "fallback": 0}
+    assert torch.equal(owned(x), model(x))  # the owner said False: the backend compiles in the call (`infer`)
+    assert calls["backend"] == 1 and owned.code_misses == 3
+    alone = GraphDispatcher([(spec, backend)], fallback, "solo")  # no owner: `infer`, as before
+    assert torch.equal(alone(x), model(x)) and calls["backend"] == 2 and alone.code_misses == 0
+
+
+def test_a_plain_run_that_raises_is_the_users_error_and_runs_once(tmp_path):
+    from aitune_core.errors import CompiledCodeMissed
+
+    model, spec, backend, fallback, _calls = _setup(tmp_path)
+    runs: list[str] = []
+
+    def plain_fails(*args, **kwargs):  # the plain forward ran (a miss) and raised the user's own error
+        runs.append("plain")
+        raise CompiledCodeMissed(None, error=ValueError("bad request"))
+
+    def original(*args, **kwargs):
+        runs.append("original")
+        return model(*args, **kwargs)
+
+    backend.serve = plain_fails
+    blamed: list[object] = []
+    dispatcher = GraphDispatcher([(spec, backend)], fallback, "mlp", on_code_missed=lambda graph: True,
+                                 on_backend_error=lambda b, e: blamed.append(e), original=original)
+    with pytest.raises(ValueError, match="bad request") as raised:
+        dispatcher(torch.randn(3, 8))
+    assert runs == ["plain"] and blamed == [] and raised.value.__context__ is None

@@ -43,3 +43,20 @@ def test_two_instances_of_one_class_compile_separately_and_keep_their_weights():
         torch.testing.assert_close(out_b, b(x))
     assert not torch.allclose(out_a, out_b)  # different weights: each graph ran its own instance's parameters
     assert len(graphs) == 2  # neither entry looked up the other's compiled graph
+
+
+def test_plain_runs_of_the_body_are_counted_and_compiled_runs_are_not():
+    from aitune_core.backends.isolated_entry import eager_runs
+
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    entry = isolated_entry(model)
+    compiled = torch.compile(entry, backend="eager", fullgraph=True)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        before = eager_runs()
+        entry(x)
+        assert eager_runs() == before + 1
+        compiled(x)  # traced (the count is dropped from the trace), then run as compiled code
+        compiled(x)
+        assert eager_runs() == before + 1

@@ -186,3 +186,81 @@ def test_a_plain_value_change_refits_a_baked_backend_and_moves_no_epoch_elsewher
     epoch = module_epoch.EPOCH.value
     norm.eps = 0.1  # a backend that reads the module at call time (Inductor guards on it)
     assert module_epoch.EPOCH.value == epoch and not reading.stale()
+
+
+class _Compiled(_Backend):
+    """A backend made for the module's structure at build time (as every backend but eager is)."""
+
+    compiled_for_structure = True
+
+
+def test_a_change_of_dtype_blocks_compiled_backends_says_what_changed_and_lifts_when_changed_back():
+    net = _net()
+    compiled, follows = _Compiled(bakes=False), _Backend(bakes=False)
+    watch = ModuleWatch(net, [compiled, follows])
+    calls, refit = _refits()
+    net.double()
+    verdict = watch.review(refit)
+    assert verdict.reshaped == "its dtypes changed (torch.float32 -> torch.float64)"
+    assert verdict.blocked == frozenset({id(compiled)}) and verdict.divert is None and calls == []
+    net.float()
+    verdict = watch.review(refit)
+    assert verdict.clean and verdict.reshaped is None and not watch.stale()
+
+
+def test_a_device_change_is_named_too():
+    net = _net()
+    watch = ModuleWatch(net, [_Compiled(bakes=False)])
+    net.to("meta")
+    _calls, refit = _refits()
+    assert watch.review(refit).reshaped == "its devices changed (cpu -> meta)"
+
+
+def test_a_submodule_of_another_class_or_shape_is_a_new_structure_and_one_of_the_same_kind_is_not():
+    net = _net()
+    compiled = _Compiled(bakes=False)
+    watch = ModuleWatch(net, [compiled])
+    _calls, refit = _refits()
+    net[0] = torch.nn.Linear(4, 4).eval()  # same class, same shapes: what a compiled graph guards holds
+    assert watch.review(refit).clean
+    net[1] = torch.nn.Identity()
+    verdict = watch.review(refit)
+    assert verdict.reshaped == "a submodule changed class (1: Dropout -> Identity)"
+    assert verdict.blocked == frozenset({id(compiled)})
+    net[1] = torch.nn.Dropout(0.5).eval()
+    assert watch.review(refit).clean
+    net[2] = torch.nn.Linear(4, 3).eval()
+    assert watch.review(refit).reshaped == "a parameter or buffer changed shape"
+    net[2] = torch.nn.Sequential(torch.nn.Linear(4, 2)).eval()
+    assert watch.review(refit).reshaped == "a submodule changed class (2: Linear -> Sequential)"
+
+
+def test_a_baked_backend_is_refit_after_a_new_structure_only_when_the_owner_asks_for_it():
+    """The AOT wrapper refits on the caller's thread (its default); the JIT, which tunes the module again, does not
+    (`refit_reshaped=False`): a rebuild there would be a compile inside a request."""
+    net = _net()
+    baked = _Compiled(bakes=True)
+    watch = ModuleWatch(net, [baked])
+    net.double()
+    calls, refit = _refits()
+    verdict = watch.review(refit, refit_reshaped=False)
+    assert calls == [] and verdict.blocked == frozenset({id(baked)}) and verdict.reshaped is not None
+    other = _Compiled(bakes=True)
+    net2 = _net()
+    watch2 = ModuleWatch(net2, [other])
+    net2.double()
+    verdict = watch2.review(refit)
+    assert calls == [other] and verdict.blocked == frozenset() and verdict.reshaped is not None  # rebuilt at float64
+
+
+def test_a_watch_that_replaces_one_after_a_change_of_structure_reviews_its_first_call():
+    """A job that ran while the module was cast installs a new dispatcher (and watch) for it: the watch must not
+    take the cast module for the tuned one and let a float32 backend serve it."""
+    net = _net()
+    compiled = _Compiled(bakes=False)
+    first = ModuleWatch(net, [compiled])
+    net.double()
+    replacing = ModuleWatch(net, [compiled], previous=first)
+    assert replacing.stale()
+    _calls, refit = _refits()
+    assert replacing.review(refit).blocked == frozenset({id(compiled)})

@@ -174,3 +174,154 @@ def test_the_torch_patches_come_off_with_the_jit():
     disable()
     assert not module_epoch.installed()  # no garbage collection needed
     assert torch.nn.Module.__dict__["__setattr__"] is original
+
+
+class _Embedder(torch.nn.Module):
+    """Token ids in, vectors out: the input's dtype stays when the module is cast, so calls keep matching the graph
+    tuned before (a float input cast along would be another graph)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(50, 32)
+        self.fc = torch.nn.Linear(32, 32)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.embed(ids)).relu()
+
+
+def _calls_until_tuned(net: torch.nn.Module, node: PatchedModule, x: torch.Tensor, eager: torch.nn.Module) -> None:
+    """Call `net` (checking each answer against `eager`) until its node is TUNED again (blocking mode)."""
+    for _ in range(10):
+        if node.state is NodeState.TUNED:
+            return
+        torch.testing.assert_close(net(x), _eager_run(lambda: eager(x)))
+    raise AssertionError(f"not tuned again: {node.state}; {PatchedModule.history[-5:]}")
+
+
+def test_a_tuned_module_cast_to_another_dtype_is_recorded_anew_and_tuned_at_it():
+    """`.double()` after tuning: the backends made for float32 stop serving at once (the original module answers the
+    very next call), the node records the new structure and is tuned at it; casting back does the same again."""
+    from jit_helpers import CountingBackend
+
+    jit_config.min_parameters = 0
+    jit_config.strategy = OneBackendStrategy(CountingBackend())
+    net = _Embedder().eval()
+    eager = eager_twin(net)
+    enable()
+    x = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        for _ in range(3):
+            net(x)
+        node = PatchedModule.of(net)
+        assert node.state is NodeState.TUNED
+        for dtype in (torch.float64, torch.float32):
+            net.to(dtype)
+            eager.to(dtype)
+            infers, builds = CountingBackend.infers, CountingBackend.builds
+            assert torch.equal(net(x), _eager_run(lambda: eager(x)))
+            assert CountingBackend.infers == infers and node.state is NodeState.RECORDING
+            assert any("its dtypes changed" in line for line in PatchedModule.history), PatchedModule.history[-3:]
+            _calls_until_tuned(net, node, x, eager)
+            assert CountingBackend.builds == builds + 1
+            assert net(x).dtype is dtype
+            assert CountingBackend.infers > infers and not node.dispatcher.watch.stale()  # serving at the new dtype
+
+
+@pytest.mark.slow
+def test_an_inductor_module_cast_to_another_dtype_is_never_compiled_on_the_callers_call(tmp_path):
+    """Inductor's dynamo guards would recompile for the new dtype inside the caller's call (4.9 s for a small BERT
+    on this CPU), and nothing would validate that graph: the original module answers instead until the node is
+    tuned again (here in blocking mode, by the call that completes its samples)."""
+    from torch._dynamo.utils import counters
+
+    jit_config.min_parameters = 0
+    jit_config.cache_dir = tmp_path
+    jit_config.strategy = OneBackendStrategy(TorchInductorBackend())
+    net = _Embedder().eval()
+    eager = eager_twin(net)
+    enable()
+    x = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        for _ in range(3):
+            net(x)
+        node = PatchedModule.of(net)
+        assert node.state is NodeState.TUNED, PatchedModule.history
+        net.double()
+        eager.double()
+        graphs = counters["stats"]["unique_graphs"]
+        assert torch.equal(net(x), _eager_run(lambda: eager(x)))
+        assert counters["stats"]["unique_graphs"] == graphs  # no compile inside that call
+        assert node.state is NodeState.RECORDING
+        _calls_until_tuned(net, node, x, eager)
+        assert counters["stats"]["unique_graphs"] > graphs  # (the counter sees the re-tuning's compile)
+        torch.testing.assert_close(net(x), _eager_run(lambda: eager(x)))
+        assert net(x).dtype is torch.float64 and not node.dispatcher.watch.stale()
+
+
+class _Scaled(_Embedder):
+    """An `_Embedder` whose output scale is a plain attribute: dynamo guards the value its trace read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 1.0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().forward(ids) * self.scale
+
+
+@pytest.mark.slow
+def test_when_a_compiled_graphs_guards_fail_the_original_answers_and_the_module_is_tuned_again(tmp_path):
+    """A plain attribute the trace read changes (`unet.enable_freeu(...)`, `vae.enable_tiling()`): dynamo would
+    recompile inside the caller's call. The backend serves in run-only mode: its calls are answered by the plain
+    forward, without a compile; after `retune_after_misses` of them the graph is tuned again, finds its recorded
+    calls stale, and the node records anew and is tuned as the module is now (blocking mode here)."""
+    from torch._dynamo.utils import counters
+
+    from aitune_core.backends.torch_inductor import TorchInductorBackendConfig
+
+    jit_config.min_parameters = 0
+    jit_config.cache_dir = tmp_path
+    # (one graph, as the JIT's own Inductor candidates compile: a backend with graph breaks compiles in the call)
+    jit_config.strategy = OneBackendStrategy(TorchInductorBackend(TorchInductorBackendConfig(fullgraph=True)))
+    net = _Scaled().eval()
+    eager = eager_twin(net)
+    enable()
+    x = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        for _ in range(3):
+            net(x)
+        node = PatchedModule.of(net)
+        assert node.state is NodeState.TUNED, PatchedModule.history
+        net.scale = eager.scale = 3.0
+        graphs = counters["stats"]["unique_graphs"]
+        for _ in range(jit_config.retune_after_misses - 1):
+            assert torch.equal(net(x), _eager_run(lambda: eager(x)))
+        assert counters["stats"]["unique_graphs"] == graphs  # none of those calls compiled
+        assert node.state is NodeState.TUNED and node.dispatcher.code_misses == jit_config.retune_after_misses - 1
+        assert torch.equal(net(x), _eager_run(lambda: eager(x)))  # the one that starts the tuning again
+        assert node.state is NodeState.RECORDING, "\n".join(PatchedModule.history[-4:])
+        assert any("recorded calls no longer match" in line for line in PatchedModule.history)
+        _calls_until_tuned(net, node, x, eager)
+        torch.testing.assert_close(net(x), _eager_run(lambda: eager(x)))
+        assert not node.dispatcher.watch.stale() and node.dispatcher.code_misses == 0
+
+
+def test_a_submodule_put_in_after_tuning_and_first_called_in_training_mode_is_not_adopted():
+    """Adopted, it would carry a forward wrapper in its `__dict__`, which the tuned graph's guards see."""
+    from jit_helpers import CountingBackend
+
+    jit_config.min_parameters = 0
+    jit_config.strategy = OneBackendStrategy(CountingBackend())
+    net = _Embedder().eval()
+    enable()
+    x = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        for _ in range(3):
+            net(x)
+    assert PatchedModule.of(net).state is NodeState.TUNED
+    net.fc = torch.nn.Linear(32, 32)
+    net.train()
+    net(x).sum().backward()
+    net.eval()
+    assert PatchedModule.of(net.fc) is None and "forward" not in vars(net.fc)

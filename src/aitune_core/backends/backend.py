@@ -178,6 +178,14 @@ class Backend(ABC):
         return False
 
     @property
+    def compiled_for_structure(self) -> bool:
+        """True when what the backend runs was made for the module's structure at build time (its submodules'
+        classes, its tensors' shapes, dtypes and devices): after such a change it would recompile inside a call,
+        unvalidated (dynamo's guards fail), or fail, so the module watch stops it serving (`ModuleWatch`). Only a
+        backend that runs the module itself (eager) says False."""
+        return True
+
+    @property
     def pins_output_dtypes(self) -> bool:
         """True when the backend casts its outputs to the dtypes recorded at build time (Inductor under its own
         autocast): after the module's dtypes change (`.double()`), those are no longer what the module returns, so
@@ -302,6 +310,12 @@ class Backend(ABC):
         return self._infer(*args, **kwargs)
 
     __call__ = infer
+
+    def serve(self, *args: Any, **kwargs: Any) -> Any:
+        """A call from the dispatcher, on the program's thread: `infer`, except that a backend may refuse to compile
+        there and answer with the plain code, raising `CompiledCodeMissed` with that answer (TorchInductorBackend).
+        Builds, validation and measurement call `infer`, which may compile."""
+        return self.infer(*args, **kwargs)
 
     def _mark_checkpoint_loaded(self) -> None:
         """Used by `from_dict` implementations."""

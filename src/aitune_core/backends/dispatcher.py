@@ -10,6 +10,15 @@ version counters when a backend baked the weights): after a change to the module
 whether the backends may serve, refitting stale baked-weight backends through `refit` (by default
 `refit.refit_backend`, synchronous); a call they may not serve goes to `original` (the module's own forward,
 not recorded: a call made in training mode or with a hook on a submodule is no sample of the tuned graph).
+After a change of the module's structure (`Verdict.reshaped`: `.to(torch.bfloat16)`, a submodule of another class)
+an `on_outdated` handler, where the owner has one, is told what changed: the JIT tunes the module again
+(`on_outdated` returns True once it took the news; until then it is asked again at each call). Either way the
+backends compiled for the old structure no longer serve, and with `on_outdated` none is refit on the caller's
+thread. Calls go to a backend through `Backend.serve`: a compiled backend whose guards fail answers with the plain
+forward instead of compiling (`CompiledCodeMissed`, `run_only.py`), where the owner has an `on_code_missed` handler:
+it is told the graph of each such call (the JIT tunes that graph again after a few) and returns False when the
+backend should compile inside the call again, as torch.compile does (what no re-tuning could fix: an input layout
+the recorded calls never had). Without a handler (the AOT wrapper) calls go to `Backend.infer`, as before.
 
 A backend that raises at run time (with an `on_backend_error` handler) is answered by the original forward, here,
 for every caller: if the original forward raises too, the call itself is at fault (the user's own error, e.g. a
@@ -38,6 +47,7 @@ import torch
 import torch.fx._symbolic_trace as _fx_trace
 
 from aitune_core.backends.dispatch_pause import HOLDERS as PAUSE_HOLDERS
+from aitune_core.errors import CompiledCodeMissed
 from aitune_core.log import get_logger
 
 #: what dynamo raises when a compiled function is called while `torch.fx` traces somewhere in the process
@@ -63,8 +73,8 @@ def _functorch_transforms_active() -> bool:
 class GraphDispatcher:
     """Callable that runs `backend.infer(*args, **kwargs)` for the graph the call belongs to, else `fallback`."""
 
-    __slots__ = ("_entries", "_fallback", "_lock", "_on_backend_error", "_original", "_refit", "_single", "_warned",
-                 "_watch", "misses", "name")
+    __slots__ = ("_compiling", "_entries", "_fallback", "_lock", "_on_backend_error", "_on_code_missed", "_on_outdated",
+                 "_original", "_refit", "_single", "_warned", "_watch", "code_misses", "misses", "name")
 
     def __init__(
         self,
@@ -77,7 +87,13 @@ class GraphDispatcher:
         original: Callable[..., Any] | None = None,
         refit: Callable[[Backend], bool] | None = None,
         warned: set[tuple[str, str]] | None = None,
+        on_outdated: Callable[[str], bool] | None = None,
+        on_code_missed: Callable[[str], bool] | None = None,
     ) -> None:
+        self._on_outdated = on_outdated
+        self._on_code_missed = on_code_missed
+        self.code_misses = 0  # calls a backend answered with the plain forward (`CompiledCodeMissed`)
+        self._compiling: set[int] = set()  # backends whose owner lets them compile inside a call again
         self._entries: tuple[tuple[GraphSpec, Backend], ...] = tuple(entries)
         self._fallback = fallback
         self._on_backend_error = on_backend_error
@@ -129,21 +145,31 @@ class GraphDispatcher:
         single = self._single
         if single is not None:
             if single[0].accepts(args, kwargs):
-                return self._run(single[1], args, kwargs)
+                return self._run(single[0], single[1], args, kwargs)
         else:
             for spec, backend in self._entries:
                 if spec.accepts(args, kwargs):
-                    return self._run(backend, args, kwargs)
+                    return self._run(spec, backend, args, kwargs)
         self._missed(args, kwargs)
         return self._fallback(*args, **kwargs)
 
-    def _run(self, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._on_backend_error is None:
-            return backend.infer(*args, **kwargs)
+    def _run(self, spec: GraphSpec, backend: Backend, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        plain_error: Exception | None = None
         try:
-            return backend.infer(*args, **kwargs)
+            if self._on_code_missed is None or id(backend) in self._compiling:
+                return backend.infer(*args, **kwargs)
+            return backend.serve(*args, **kwargs)
+        except CompiledCodeMissed as missed:
+            if missed.error is None:
+                self._code_missed(spec.name, backend)
+                return missed.output
+            plain_error = missed.error
         except Exception as exc:
+            if self._on_backend_error is None:
+                raise
             failure = exc
+        if plain_error is not None:  # the plain forward ran and raised: the user's own error, as in a plain run
+            raise plain_error
         # the original forward runs outside the handler above: an error it raises is chained exactly as in a plain
         # run (its own `raise ... from e`, its own context), never to the backend's error (a `from None` here wiped
         # a user's `__cause__`)
@@ -159,6 +185,24 @@ class GraphDispatcher:
             raise
         self._on_backend_error(backend, failure)
         return output
+
+    def _code_missed(self, graph: str, backend: Backend) -> None:
+        """A backend answered a call of `graph` with the plain forward: its compiled code's guards failed
+        (`run_only.py`). The owner hears of each such call, and may let the backend compile in the call again."""
+        self.code_misses += 1
+        try:
+            keep = self._on_code_missed(graph)  # type: ignore[misc]
+        except Exception:  # (the owner's bookkeeping must never fail the call)
+            _logger.debug("Module `%s`: on_code_missed failed", self.name, exc_info=True)
+            keep = False
+        if not keep:
+            self._compiling.add(id(backend))
+        if (self.name, "guards") not in self._warned:
+            self._warned.add((self.name, "guards"))
+            _logger.info("Module `%s`: a call no longer fits its compiled graph (dynamo's guards fail: the program "
+                         "changed a global, a module attribute, a config value or an input layout the graph was "
+                         "traced with); such calls run the original forward, not a compile on the caller's thread",
+                         self.name)
 
     def settle(self) -> Verdict | None:
         """Review the module now if it changed (refitting stale backends) and return the verdict (None without a
@@ -176,16 +220,18 @@ class GraphDispatcher:
         if not self._lock.acquire(blocking=False):
             return self._original(*args, **kwargs)
         try:
-            verdict = self._watch.review(self._refit)  # type: ignore[union-attr]
+            verdict = self._watch.review(self._refit, refit_reshaped=self._on_outdated is None)  # type: ignore[union-attr]
         finally:
             self._lock.release()
+        if verdict.reshaped is not None and self._on_outdated is not None and self._on_outdated(verdict.reshaped):
+            return self._original(*args, **kwargs)  # (the owner re-routes the module's later calls)
         if verdict.divert is not None:
             return self._original(*args, **kwargs)
         for spec, backend in self._entries:
             if spec.accepts(args, kwargs):
                 if id(backend) in verdict.blocked:
                     return self._original(*args, **kwargs)
-                return self._run(backend, args, kwargs)
+                return self._run(spec, backend, args, kwargs)
         self._missed(args, kwargs)
         return self._fallback(*args, **kwargs)
 

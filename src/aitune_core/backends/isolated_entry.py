@@ -19,15 +19,31 @@ entries through Inductor's FX graph cache, which keys on the graph, not on the c
 
 from __future__ import annotations
 
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
+
+import torch
+
+_runs = threading.local()
+
+
+def eager_runs() -> int:
+    """How many times an isolated entry's body ran as plain Python on this thread (module docstring)."""
+    return getattr(_runs, "count", 0)
+
+
+def _count_eager_run() -> None:
+    _runs.count = getattr(_runs, "count", 0) + 1
 
 
 def isolated_entry(target: Callable[..., Any], name: str = "aitune_entry") -> Callable[..., Any]:
     """`entry(*args, **kwargs) == target(*args, **kwargs)`, with a code object of its own (see the module doc)."""
 
     def entry(*args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_dynamo_compiling():
+            _count_eager_run()
         return target(*args, **kwargs)
 
     code = entry.__code__.replace(co_name=name)  # replace() always builds a new code object

@@ -18,9 +18,17 @@ When `stale()` says so, `review()` compares a fresh snapshot with the tuned one 
 - a hook on a submodule, or a training flag that differs from tune time: no backend may answer (the original
   module does), since no backend runs the submodules' hooks (a compiled graph was traced without them, an
   exported one has none) or the training-mode behaviour (dropout, batch-norm statistics updates);
-- weights, dtypes, devices or the module tree changed: a backend that reads the weights at call time (eager,
-  Inductor) carries on; a backend that baked them is stale until `refit` (see `refit.py`) succeeds; until then
-  the original module answers its calls.
+- the module's structure differs from tune time (a submodule of another class where one was, a parameter or
+  buffer of another shape, dtype or device: `.to(torch.bfloat16)`, `.cuda()`): a backend compiled for that
+  structure (`Backend.compiled_for_structure`: everything but eager) no longer serves. Inductor would carry on
+  only by recompiling inside the caller's call (dynamo's guards fail): seconds on the request path, and a graph
+  no validation ever saw (measured: a BERT's first call after `.to(torch.bfloat16)` waited 4.9 s, after a Linear
+  became a Sequential 1.8 s). The verdict names the change (`reshaped`) so that the owner can tune again: the
+  JIT records the module anew (`GraphDispatcher`'s `on_outdated`); a wrapper without one answers with the
+  original module until the structure is back;
+- weights changed otherwise (in place, `load_state_dict`, a tensor or a submodule replaced by one of the same
+  kind): a backend that reads the weights at call time (eager, Inductor) carries on; a backend that baked them
+  is stale until `refit` (see `refit.py`) succeeds; until then the original module answers its calls.
 
 The verdict stays cached until the epoch or a version counter moves again, so a model that keeps a hook for a
 while pays a few attribute reads per call, not a tree walk.
@@ -28,6 +36,7 @@ while pays a few attribute reads per call, not a tree walk.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -81,6 +90,8 @@ class ModuleSnapshot:
     versions: tuple[int, ...]
     layouts: tuple[tuple[torch.dtype, torch.device], ...]
     hooks: int
+    types: tuple[type, ...] = ()
+    shapes: tuple[tuple[int, ...], ...] = ()
     values: tuple[tuple[tuple[str, object], ...], ...] = ()
 
     @classmethod
@@ -95,6 +106,8 @@ class ModuleSnapshot:
             layouts=tuple((t.dtype, t.device) for t in tensors),
             hooks=submodule_hooks(module),
             values=tuple(_plain_values(m) for m in modules),
+            types=tuple(type(m) for m in modules),
+            shapes=tuple(tuple(t.shape) for t in tensors),
         )
 
     def live_tensors(self) -> tuple[torch.Tensor | None, ...]:
@@ -115,6 +128,36 @@ class ModuleSnapshot:
         )
 
 
+    def reshape_from(self, tuned: ModuleSnapshot, module: torch.nn.Module) -> str | None:
+        """What makes this structure another than `tuned`'s (the classes of the submodules, the shapes, dtypes and
+        devices of the parameters and buffers), in words; None when it is the same. `module`: the module this
+        snapshot was taken of (to name a changed submodule)."""
+        if self.types != tuned.types:
+            names = [name for name, _sub in module.named_modules()]
+            for index, (now, then) in enumerate(zip(self.types, tuned.types)):
+                if now is not then:
+                    where = names[index] if index < len(names) and names[index] else "the module itself"
+                    return f"a submodule changed class ({where}: {then.__name__} -> {now.__name__})"
+            return f"its submodules changed ({len(tuned.types)} -> {len(self.types)} modules)"
+        if self.shapes != tuned.shapes:
+            return "a parameter or buffer changed shape"
+        if self.layouts != tuned.layouts:
+            return _layout_change(tuned.layouts, self.layouts)
+        return None
+
+
+def _layout_change(
+    then: tuple[tuple[torch.dtype, torch.device], ...], now: tuple[tuple[torch.dtype, torch.device], ...]
+) -> str:
+    """`its dtypes changed (torch.float32 -> torch.bfloat16)` and / or `its devices changed (cpu -> cuda:0)`."""
+    dtypes = sorted({f"{a[0]} -> {b[0]}" for a, b in zip(then, now) if a[0] != b[0]})
+    devices = sorted({f"{a[1]} -> {b[1]}" for a, b in zip(then, now) if a[1] != b[1]})
+    parts = [f"its dtypes changed ({', '.join(dtypes)})"] if dtypes else []
+    if devices:
+        parts.append(f"its devices changed ({', '.join(devices)})")
+    return " and ".join(parts)
+
+
 def _plain_values(module: torch.nn.Module) -> tuple[tuple[str, object], ...]:
     """A module's public plain attributes (numbers, strings, flags; `training` apart), by name."""
     return tuple(sorted((name, value) for name, value in vars(module).items()
@@ -124,11 +167,13 @@ def _plain_values(module: torch.nn.Module) -> tuple[tuple[str, object], ...]:
 @dataclass
 class Verdict:
     """What the backends may do now: `divert` names why the original module answers every call (None: the
-    backends may serve); `blocked` are the baked-weight backends still waiting for a refit, and backends that pin
-    their output dtypes while the module's dtypes differ from tune time."""
+    backends may serve); `blocked` are the baked-weight backends still waiting for a refit, and backends compiled
+    for a structure the module no longer has; `reshaped` says how the structure differs from tune time (None:
+    it does not)."""
 
     divert: str | None = None
     blocked: frozenset[int] = field(default_factory=frozenset)  # id(backend)
+    reshaped: str | None = None
 
     @property
     def clean(self) -> bool:
@@ -138,7 +183,7 @@ class Verdict:
 class ModuleWatch:
     """Watches one tuned module for the backends in `backends` (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_module_ref", "_noted", "_pinned", "_seen",
+    __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_module_ref", "_noted", "_seen", "_shaped",
                  "_tuned", "_verdict", "_versions", "name")
 
     def __init__(
@@ -157,12 +202,16 @@ class ModuleWatch:
         self._tuned = previous._tuned if previous is not None else current
         backends = list(backends)
         self._baked = [b for b in backends if b.bakes_weights]
-        self._pinned = [b for b in backends if getattr(b, "pins_output_dtypes", False)]
+        # backends that serve only the structure of tune time (a backend that pins its output dtypes does too)
+        self._shaped = [b for b in backends
+                        if getattr(b, "compiled_for_structure", False) or getattr(b, "pins_output_dtypes", False)]
         # per baked backend, the snapshot of the weights it holds now
         inherited = previous._baselines if previous is not None else {}
         self._baselines: dict[int, ModuleSnapshot] = {id(b): inherited.get(id(b), current) for b in self._baked}
-        if any(not baseline.same_weights(current) for baseline in self._baselines.values()):
-            self._epoch = self._seen = -1  # a backend still needs its refit: the first call reviews in full
+        if any(not baseline.same_weights(current) for baseline in self._baselines.values()) or (
+            previous is not None and current.reshape_from(self._tuned, module) is not None
+        ):  # a backend still needs its refit, or the structure is not the tuned one: the first call reviews in full
+            self._epoch = self._seen = -1
         self._verdict = Verdict()
         self._noted: set[str] = set()
         self._versions: tuple[tuple[torch.Tensor, int], ...] = (
@@ -184,8 +233,10 @@ class ModuleWatch:
         return False
 
     # ------------------------------------------------------------------ slow path
-    def review(self, refit: Callable[[Backend], bool]) -> Verdict:
-        """Compare the module with its tuned state; refit stale baked backends (`refit(backend)` -> success)."""
+    def review(self, refit: Callable[[Backend], bool], *, refit_reshaped: bool = True) -> Verdict:
+        """Compare the module with its tuned state; refit stale baked backends (`refit(backend)` -> success).
+        `refit_reshaped=False`: after a change of structure, block the baked backends instead of rebuilding them on
+        this thread (an owner that tunes the module again anyway)."""
         now = module_epoch.EPOCH.value
         if now == self._seen and not self._versions_moved():
             return self._verdict  # nothing moved since the last review
@@ -194,22 +245,27 @@ class ModuleWatch:
             return Verdict(divert="the module is gone")
         current = ModuleSnapshot.take(module)
         divert = self._divert_reason(current)
+        reshaped = current.reshape_from(self._tuned, module)
         blocked: set[int] = set()
         for backend in self._baked:
             key = id(backend)
             if self._baselines[key].same_weights(current):
                 continue
-            if divert is None and refit(backend):  # never refit while hooks could be traced into the rebuild
+            # never refit while hooks could be traced into the rebuild
+            if divert is None and (reshaped is None or refit_reshaped) and refit(backend):
                 self._baselines[key] = current
                 self._note(f"refit-{key}", f"{backend.describe()} refit to the module's current weights")
             else:
                 blocked.add(key)
-        if current.layouts != self._tuned.layouts:  # `.double()` after tuning: pinned output dtypes went wrong
-            for backend in self._pinned:
-                blocked.add(id(backend))
-                self._note(f"pinned-{id(backend)}", f"{backend.describe()} casts its outputs to the dtypes of tune "
-                           "time, and the module's dtypes changed: the original module answers its calls")
-        self._verdict = Verdict(divert=divert, blocked=frozenset(blocked))
+        if reshaped is not None:
+            for backend in self._shaped:
+                if id(backend) not in self._baselines or id(backend) in blocked:
+                    blocked.add(id(backend))
+                    self._note(f"reshaped-{id(backend)}", f"{backend.describe()} was compiled for the module as it "
+                               f"was tuned, and {reshaped}: the original module answers its calls"
+                               + ("" if not refit_reshaped else " until it is tuned again or changed back"),
+                               logging.INFO if not refit_reshaped else logging.WARNING)
+        self._verdict = Verdict(divert=divert, blocked=frozenset(blocked), reshaped=reshaped)
         if divert is not None:
             self._note(divert, f"the original module answers while {divert}")
         self._seen = now
@@ -231,7 +287,7 @@ class ModuleWatch:
             return "a training flag differs from tune time"
         return None
 
-    def _note(self, key: str, message: str) -> None:
+    def _note(self, key: str, message: str, level: int = logging.INFO) -> None:
         if key not in self._noted:
             self._noted.add(key)
-            _logger.info("Module `%s`: %s", self.name, message)
+            _logger.log(level, "Module `%s`: %s", self.name, message)

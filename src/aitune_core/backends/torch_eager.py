@@ -33,6 +33,10 @@ class TorchEagerBackend(Backend):
         super().__init__(config)
         self._module: torch.nn.Module | None = None
 
+    @property
+    def compiled_for_structure(self) -> bool:
+        return False  # it runs the module as it is
+
     def _build(self, module: torch.nn.Module, graph_spec: GraphSpec, data: list[Sample], cache_dir: Path) -> None:
         if not callable(module):
             raise TypeError(f"{self.name} needs a callable module, got {type(module).__name__}")

@@ -14,7 +14,8 @@ Inference
     Runs the compiled module (inside `torch.autocast` when enabled; floating outputs are cast back to the original
     dtypes). Grad and inference mode are guarded and the warm-up runs under `torch.no_grad()`: the first call in
     another mode compiles once more, its inputs marked the same way (one compile per mode, not per shape), as is
-    the first call after `activate()` / `deploy()`. Autograd is left as the caller has it.
+    the first call after `activate()` / `deploy()`. Autograd is left as the caller has it. A dispatcher's call
+    (`serve`) never compiles otherwise: its guards failing, the plain forward answers (`run_only`).
 
 CUDA graphs
     With `mode="reduce-overhead"`, `mode="max-autotune"` or the option `triton.cudagraphs` on a CUDA device, replays
@@ -60,6 +61,7 @@ from aitune_core.backends.dynamic_marks import DynamicMarks
 from aitune_core.backends.inductor_failures import constraint_violation, region_failure
 from aitune_core.backends.inductor_options import check_from_file, check_options
 from aitune_core.backends.isolated_entry import isolated_entry
+from aitune_core.backends.run_only import run_only, served
 from aitune_core.log import get_logger
 from aitune_core.specs.binding import Binder
 from aitune_core.specs.tensor_spec import dtype_from_str
@@ -196,6 +198,7 @@ class TorchInductorBackend(Backend):
         # the function compiled: calls the module under a code object of its own (module doc); it and its
         # compiled entries live as long as this backend, so re-activating reuses them
         self._entry: Any = None
+        self._serving: Any = None  # `_entry` in dynamo's run-only mode (`serve`)
         self._output_dtypes: list[torch.dtype] = []
         self._marks: list[_Mark] = []
         self._soft_marks = False
@@ -240,6 +243,7 @@ class TorchInductorBackend(Backend):
         if self._entry is None:
             assert self._module is not None
             self._entry = isolated_entry(self._module, f"aitune_inductor_{type(self._module).__name__}")
+        self._serving = run_only(self._entry)
         return torch.compile(
             self._entry,
             backend="inductor",
@@ -319,8 +323,8 @@ class TorchInductorBackend(Backend):
                     changed = True
         return unflatten(treedef, values) if changed else output
 
-    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        compiled = self._compiled
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: Any = None) -> Any:
+        compiled = self._compiled if compiled is None else compiled
         if self.config.autocast_enabled:
             with torch.autocast(device_type=self._device.type, dtype=self._autocast_dtype()):  # type: ignore[union-attr]
                 output = compiled(*args, **kwargs)
@@ -458,10 +462,18 @@ class TorchInductorBackend(Backend):
             # Grad mode and inference mode are part of dynamo's guards: the first call in a mode the warm-up did
             # not cover (or the first call after activate/deploy) compiles again. Mark its inputs so that this
             # compile is dynamic over the recorded range too: one compile per mode, not one per shape.
-            self._compiled_modes.add(mode)
             with self._marked(args, kwargs, soft=self._soft_marks), _raised_recompile_limit():
-                return self._run(args, kwargs)
+                output = self._run(args, kwargs)
+            self._compiled_modes.add(mode)  # (once compiled: a call meanwhile must not take the mode for served)
+            return output
         return self._run(args, kwargs)
+
+    def serve(self, *args: Any, **kwargs: Any) -> Any:
+        """`infer`, without a compile on the caller's thread once its mode has a graph (module docstring)."""
+        mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        if self._serving is None or mode not in self._compiled_modes or not self.is_active or not self.config.fullgraph:
+            return self.infer(*args, **kwargs)
+        return served(lambda: self._run(args, kwargs, self._serving))
 
     # ------------------------------------------------------------------------------ checkpoint
     def _extra_state(self) -> dict[str, Any]:
