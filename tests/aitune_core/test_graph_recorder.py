@@ -242,3 +242,20 @@ def test_recorded_at_least_counts_the_calls_of_the_graph_a_call_belongs_to():
     assert rec.recorded_at_least((torch.randn(8, 3),), {}, 2) and not rec.recorded_at_least((x,), {}, 3)
     assert not rec.recorded_at_least((torch.randn(2, 3, 4),), {}, 1)  # another rank: another graph
     assert not rec.recorded_at_least((x,), {"unknown": 1}, 1)  # a call the signature refuses: not known
+
+
+def test_a_graph_called_under_inference_mode_says_so_and_keeps_its_identity():
+    from aitune_core.specs.graph_spec import GraphSpec
+
+    model = torch.nn.Linear(4, 2).eval()
+    recorder = GraphRecorder(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        plain = recorder.record((x,), {}, model(x))
+    assert plain.inference_mode is False
+    with torch.inference_mode():
+        spec = recorder.record((x,), {}, model(x))
+    assert len(recorder.graph_specs) == 1 and spec.name == plain.name and spec.inference_mode
+    assert spec.identity() == plain.identity()
+    again = GraphSpec.from_dict(spec.to_dict())
+    assert again.inference_mode and "inference_mode" not in plain.to_dict()

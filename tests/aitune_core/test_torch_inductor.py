@@ -473,3 +473,23 @@ def test_cuda_graph_modes_refuse_a_module_that_changes_its_arguments(tmp_path):
     backend = TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead"))
     with pytest.raises(BackendBuildError, match="calls change their arguments"):
         backend.build(model, spec, recorder.samples(spec), torch.device("cuda"), tmp_path)
+
+
+@pytest.mark.slow
+def test_a_graph_the_program_calls_under_inference_mode_is_compiled_for_it_in_the_build(tmp_path):
+    """Its first call under `torch.inference_mode()` (sentence-transformers' `encode()`) compiled inside the
+    request: dynamo guards the mode, and the warm-up ran under no_grad only."""
+    import dataclasses
+
+    from torch._dynamo.utils import counters
+
+    model = TinyMLP().eval()
+    spec, data = record(model)
+    spec = dataclasses.replace(spec, inference_mode=True)
+    backend = TorchInductorBackend(TorchInductorBackendConfig(fullgraph=True)).build(
+        model, spec, data, torch.device("cpu"), tmp_path)
+    graphs = counters["stats"]["unique_graphs"]
+    x = torch.randn(3, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(backend.serve(x), model(x))
+    assert counters["stats"]["unique_graphs"] == graphs

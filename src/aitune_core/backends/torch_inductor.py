@@ -14,8 +14,8 @@ Inference
     Runs the compiled module (inside `torch.autocast` when enabled; floating outputs are cast back to the original
     dtypes). Grad and inference mode are guarded and the warm-up runs under `torch.no_grad()`: the first call in
     another mode compiles once more, its inputs marked the same way (one compile per mode, not per shape), as is
-    the first call after `activate()` / `deploy()`. Autograd is left as the caller has it. A dispatcher's call
-    (`serve`) never compiles otherwise: its guards failing, the plain forward answers (`run_only`).
+    the first call after `activate()` / `deploy()`; a graph recorded under inference mode compiles it in the build.
+    Autograd is left as the caller has it. `serve` never compiles otherwise: the plain forward answers (`run_only`).
 
 CUDA graphs
     With `mode="reduce-overhead"`, `mode="max-autotune"` or the option `triton.cudagraphs` on a CUDA device, replays
@@ -195,15 +195,13 @@ class TorchInductorBackend(Backend):
         self._module: torch.nn.Module | None = None
         self._binder: Binder | None = None
         self._compiled: Any = None
-        # the function compiled: calls the module under a code object of its own (module doc); it and its
-        # compiled entries live as long as this backend, so re-activating reuses them
+        # the function compiled: the module under a code object of its own (module doc), as long as this backend
         self._entry: Any = None
         self._serving: Any = None  # `_entry` in dynamo's run-only mode (`serve`)
         self._output_dtypes: list[torch.dtype] = []
         self._marks: list[_Mark] = []
         self._soft_marks = False
-        # (grad enabled, inference mode) states a dynamic graph was compiled for; see `_infer`
-        self._compiled_modes: set[tuple[bool, bool]] = set()
+        self._compiled_modes: set[tuple[bool, bool]] = set()  # (grad, inference mode) states compiled: `_infer`
         self._cudagraphs = False
         self._regions_off = False  # a compile with regions failed: this backend compiles without them
         self._regions: CompileRegions | None = None  # the classes marked while this backend is active
@@ -255,13 +253,9 @@ class TorchInductorBackend(Backend):
 
     @staticmethod
     def _marks_for(graph_spec: GraphSpec) -> list[_Mark]:
-        marks: list[_Mark] = []
-        for position, spec in enumerate(graph_spec.input_spec.tensors):
-            for axis in spec.non_static_axes():
-                low, high = spec.min_shape[axis], spec.max_shape[axis]
-                if high > low:
-                    marks.append((position, axis, low, high))
-        return marks
+        return [(position, axis, spec.min_shape[axis], spec.max_shape[axis])
+                for position, spec in enumerate(graph_spec.input_spec.tensors) for axis in spec.non_static_axes()
+                if spec.max_shape[axis] > spec.min_shape[axis]]
 
     @contextlib.contextmanager
     def _marked(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, soft: bool) -> Iterator[None]:
@@ -388,6 +382,10 @@ class TorchInductorBackend(Backend):
             self._unmark_regions()  # a failed (or cancelled) build holds nothing
             raise
         self._compiled_modes = {(False, False)}  # the warm-up ran under no_grad
+        if graph_spec.inference_mode:  # the program calls it under inference_mode: compile that mode here too
+            args, kwargs = ordered[0].inputs_to(self._device)
+            with torch.inference_mode():
+                self._infer(*args, **kwargs)
         if not self._cudagraphs:  # (CUDA graphs would record each size here, for this thread only)
             self._warm_up_sizes(graph_spec, data)
 

@@ -54,6 +54,7 @@ class _GraphState:
     default_device: str | None
     mode: str | None = None
     num_calls: int = 0
+    inference_mode: bool = False  # a call of it was made under `torch.inference_mode()` (`GraphSpec.inference_mode`)
     warned_output: bool = False
 
 
@@ -150,6 +151,9 @@ class GraphRecorder:
                 state = self._new_graph(identity, binder, in_values, in_treedef, out_values, out_treedef, out_identity,
                                         (autocast, device))
             state.num_calls += 1
+            if not state.inference_mode and torch.is_inference_mode_enabled():
+                state.inference_mode = True
+                self._refresh_spec(state)
             state.evidence.observe(batch_size, implied)
             changed = False
             for tracker, shape in zip(state.input_trackers, in_shapes):
@@ -240,6 +244,7 @@ class GraphRecorder:
             self.strict,
             state.autocast,
             state.default_device,
+            inference_mode=state.inference_mode,
         )
         state.spec = spec
         self._specs = [spec if s.name == state.name else s for s in self._specs]

@@ -56,6 +56,10 @@ class GraphSpec:
     strict: bool = True
     autocast: AutocastState = NO_AUTOCAST
     default_device: str | None = None
+    #: a recorded call was made under `torch.inference_mode()`: not part of the identity (such calls compute the
+    #: same), but a compiled backend compiles that mode too (dynamo guards it: the first call in it compiled
+    #: inside a request, 1.0 s for a small BERT on this project's CPU)
+    inference_mode: bool = field(default=False, compare=False)
     _tensor_checks: tuple[_TensorCheck, ...] = field(init=False, repr=False, compare=False, hash=False)
     _const_checks: tuple[tuple[int, Any], ...] = field(init=False, repr=False, compare=False, hash=False)
     _plain_thread: bool = field(init=False, repr=False, compare=False, hash=False)  # no autocast, no default device
@@ -222,6 +226,8 @@ class GraphSpec:
             data["autocast"] = autocast_to_json(self.autocast)
         if self.default_device:
             data["default_device"] = self.default_device
+        if self.inference_mode:
+            data["inference_mode"] = True
         return data
 
     @classmethod
@@ -234,4 +240,5 @@ class GraphSpec:
             strict=bool(data.get("strict", True)),
             autocast=autocast_from_json(data.get("autocast")),
             default_device=default_device_from_json(data.get("default_device")),
+            inference_mode=data.get("inference_mode") is True,
         )
