@@ -315,6 +315,29 @@ def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = No
             **clock}
 
 
+def unet_freeu(size: Size, real: bool, device: str) -> dict[str, Any]:
+    """A UNet loop while the program switches FreeU on and off and swaps the attention processors between loops
+    (diffusers' `enable_freeu` / `disable_freeu` / `set_attn_processor`): state a compiled graph was traced with."""
+    from diffusers.models.attention_processor import AttnProcessor
+
+    model = _prepared(_unet(real).eval().to(device))
+    side, channels = (64, 768) if real else (8, 32)
+    text = torch.randn(2, 77 if real else 5, channels, generator=torch.Generator().manual_seed(1)).to(device)
+    switches = [lambda: None, lambda: model.enable_freeu(s1=0.9, s2=0.2, b1=1.2, b2=1.4), model.disable_freeu,
+                lambda: model.set_attn_processor(AttnProcessor())]
+    latents_seen = []
+    with torch.no_grad():
+        for switch in switches:
+            switch()
+            for _loop in range(2):
+                latents = torch.randn(2, 4, side, side, generator=torch.Generator().manual_seed(3)).to(device)
+                for step in range(size.denoise_steps):
+                    t = torch.tensor(999 - 100 * step, device=device)
+                    latents = latents - 0.1 * model(latents, t, encoder_hidden_states=text).sample
+                    latents_seen.append(latents.cpu())
+    return {"latents": latents_seen}
+
+
 def _served(model: Any, requests: list[Any], answer: Callable[[Any, Any], torch.Tensor], device: str) -> dict[str, Any]:
     """Requests answered one after another (`--until-tuned`: the cycle again while tuning runs); per request the
     answer on the CPU and the call's time. Tensor requests (dicts of tensors) are moved to `device` first."""
@@ -430,7 +453,8 @@ def timm_convnext(size: Size, real: bool, device: str) -> dict[str, Any]:
 
 WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
     f.__name__: f for f in (
-        gpt2, llama, t5, bart, appending, dict_mutation, unet, embeddings, sentence_transformers, vit, timm_convnext)
+        gpt2, llama, t5, bart, appending, dict_mutation, unet, unet_freeu, embeddings, sentence_transformers, vit,
+        timm_convnext)
 }
 
 

@@ -11,8 +11,9 @@ rtol=1e-3, atol=1e-4 (aitune's own fp32 tolerance). With `AITUNE_JIT_PRECISION=b
 computed under bf16 autocast: rtol=atol=5e-2 (aitune's bf16 tolerance), also for the final latents after the
 DDIM loop.
 
-CI time: LLaMA (beside GPT-2), T5 (beside BART) and the fp32 UNet loop in blocking mode (beside the bf16 one and
-the background one) are `heavy`: `make test-all` runs them (tests/conftest.py).
+CI time: LLaMA (beside GPT-2), T5 (beside BART), the fp32 UNet loop in blocking mode (beside the bf16 one and
+the background one) and the UNet loop with FreeU switched (beside test_jit_follow_model.py's run-only tests) are
+`heavy`: `make test-all` runs them (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -180,3 +181,12 @@ def test_sentence_transformers_encode_over_varying_requests(tmp_path):
     pytest.importorskip("sentence_transformers")
     history = _history(_check("sentence_transformers", tmp_path))
     assert re.search(r"Tuning SentenceTransformer \S+ took [\d.]+s: TorchInductorBackend", history), history[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.heavy  # (tests/aitune_jit/test_jit_follow_model.py covers the run-only path with a small module)
+def test_a_unet_loop_with_freeu_switched_on_and_off_computes_the_plain_latents(tmp_path):
+    """diffusers' `enable_freeu` / `disable_freeu` / `set_attn_processor` between loops change what the compiled
+    graph was traced with: the plain forward answers (no compile inside a call) and the UNet is tuned again."""
+    history = _check("unet_freeu", tmp_path)
+    assert "missed its compiled code" in history and "recorded to tune it again" in history, history[-3000:]
