@@ -3,14 +3,14 @@
 A server that switches its model to half precision after start-up (or moves it to another device) changes what a
 compiled graph was made for. torch.compile's guards fail and it recompiles inside the next request; the JIT stops
 serving the old backend at once, answers with the original module, and tunes the module again in the background
-(`aitune_core/backends/module_watch.py`, `NodeTransitions._module_reshaped`).
+(`aitune_core/backends/module_watch.py`, `NodeTransitions._backends_outdated`).
 
 A program that flips a flag the forward reads (`model.config.output_hidden_states = True`, `vae.enable_tiling()`)
 fails dynamo's guards the same way; the JIT's backend then answers with the plain forward (`run_only.py`) and the
 graph is tuned again after a few such calls.
 
-Each contender is a fresh process serving one BERT (tiny on the CPU, BERT-base on a GPU; batch 8, 64 tokens,
-random ids), a request every `--interval-ms`:
+Each contender is a fresh process serving one BERT (BERT-base on a GPU with batch 8 of 64 tokens; a 2-layer BERT
+on the CPU with batch 2 of 16 tokens; random ids), a request every `--interval-ms`:
 
 - `eager`: the plain model, the same steps (what the change costs without any compiler: a first float16 call
   loads its kernels);
@@ -21,7 +21,8 @@ random ids), a request every `--interval-ms`:
 
 Per contender: the latency of the first request after the change and of the slowest one, the median of the last
 half of the requests after it, the JIT's time from the change until it was tuned again (back to TUNED after it
-left it; None: it never left, or never came back within the run), and the largest difference of any answer after
+left it; None: it never left, or never came back within the run: `state_at_end` says whether it was still being
+tuned or decided to stay eager, as a float64 BERT on a CPU may), and the largest difference of any answer after
 the change from the plain model's answer to the same request.
 
     python -m benchmarks.probes.structure_change --device cuda --dtype float16
@@ -99,9 +100,10 @@ def serve(contender: str, device: torch.device, how: str, dtype: torch.dtype, in
     runner = torch.compile(model) if contender == "compile" else model
     node_of, plain = _jit_views() if contender == "jit" else (None, contextlib.nullcontext)
     generator = torch.Generator().manual_seed(1)
+    shape = (8, 64) if device.type == "cuda" else (2, 16)  # (on a CPU, calls small enough for Inductor to win)
 
     def request() -> tuple[float, torch.Tensor, torch.Tensor]:
-        ids = torch.randint(0, 1000, (8, 64), generator=generator).to(device)
+        ids = torch.randint(0, 1000, shape, generator=generator).to(device)
         start = time.perf_counter()
         with torch.no_grad():
             out = runner(input_ids=ids).last_hidden_state
@@ -134,7 +136,9 @@ def serve(contender: str, device: torch.device, how: str, dtype: torch.dtype, in
             elif left:
                 retuned = time.monotonic() - cast_at
         time.sleep(interval_s)
-    return {"contender": contender, "tuned_before_cast": tuned_before, **summarize(before, after, errors, retuned)}
+    node = node_of(model) if node_of is not None else None
+    return {"contender": contender, "tuned_before_cast": tuned_before, **summarize(before, after, errors, retuned),
+            "state_at_end": node.state.value if node is not None else None}
 
 
 def _jit_views() -> tuple[Any, Any]:
