@@ -96,8 +96,13 @@ def _run(
 
 
 def _relative(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
-    diff = (got.double() - want.double()).abs()
-    return float(diff.max()), float(diff.norm() / want.double().norm().clamp_min(1e-30))
+    """Max absolute and relative L2 error over the finite entries; entries equal in both (the -inf scores of tokens
+    a sampler filtered out) count as no error, an infinity on one side only makes both figures inf."""
+    got, want = got.double(), want.double()
+    same = got == want
+    diff = torch.where(same, 0.0, (got - want).abs()).nan_to_num(nan=float("inf"), posinf=float("inf"))
+    scale = torch.where(want.isfinite(), want, 0.0).norm().clamp_min(1e-30)
+    return float(diff.max()), float(diff.norm() / scale)
 
 
 def _closeness(got: torch.Tensor, want: torch.Tensor, precision: str) -> Closeness:

@@ -32,85 +32,24 @@ sentence-transformers), ViT-B/16 and convnext_tiny at 224 pixels.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-
-@dataclasses.dataclass(frozen=True)
-class Size:
-    prompt_lengths: tuple[int, ...]
-    new_tokens: int
-    generate_calls: int
-    denoise_steps: int
-    images: int
-
-
-SIZES = {
-    "tiny": Size(prompt_lengths=(5, 7, 9), new_tokens=6, generate_calls=3, denoise_steps=4, images=2),
-    "real": Size(prompt_lengths=(16, 24, 32), new_tokens=32, generate_calls=10, denoise_steps=10, images=2),
-}
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _timed(device: str, fn: Callable[[], Any], times: list[float]) -> Any:
-    _sync(device)
-    start = time.perf_counter()
-    result = fn()
-    _sync(device)
-    times.append(time.perf_counter() - start)
-    return result
-
-
-#: `--until-tuned`: keep producing results for at most this long while aitune's background worker is busy
-UNTIL_TUNED_S = 0.0
-
-
-def _tuning_underway() -> bool:
-    """True while aitune's background worker has a job running or queued (False without aitune)."""
-    worker = sys.modules.get("aitune_jit.worker")
-    return worker is not None and bool(worker.pending())
-
-
-def _rounds(configured: int, clock: dict[str, float]) -> Iterator[int]:
-    """Round numbers: `configured` of them, then (with `--until-tuned`) more while tuning runs - until a whole
-    cycle of `configured` rounds ran with the worker idle (a graph seen for the first time in such a cycle, the
-    prefill of a prompt length not tuned yet, starts a new job) - then `configured` again. Records in `clock` when
-    the worker went idle for good (the start of the idle cycle)."""
-    start = time.perf_counter()
-    yield from range(configured)
-    if UNTIL_TUNED_S <= 0 or "aitune_jit.worker" not in sys.modules:
-        return
-    extra = configured
-    while True:
-        while _tuning_underway() and time.perf_counter() - start < UNTIL_TUNED_S:
-            yield extra
-            extra += 1
-        idle_since = time.perf_counter() - start
-        busy = False
-        for _ in range(configured):
-            yield extra
-            extra += 1
-            busy = busy or _tuning_underway()
-        if not busy or time.perf_counter() - start >= UNTIL_TUNED_S:
-            break
-    clock["tuned_after_s"] = idle_since
-    yield from range(extra, extra + configured)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (run as a script: the repository's benchmarks package)
+from benchmarks.real_workloads import clock, generation_patterns
+from benchmarks.real_workloads.clock import SIZES, Size, rounds, timed
 
 
 def _generate(model: Any, vocab: int, size: Size, device: str) -> dict[str, Any]:
     tokens, scores, times, new_tokens = [], [], [], []
     clock: dict[str, float] = {}
     with torch.no_grad():
-        for call in _rounds(size.generate_calls, clock):
+        for call in rounds(size.generate_calls, clock):
             # the prompt depends only on the call's place in the configured cycle: every contender's last calls
             # (after `--until-tuned` rounds or not) generate from the same prompts, so their times compare
             index = call % size.generate_calls
@@ -129,7 +68,7 @@ def _generate(model: Any, vocab: int, size: Size, device: str) -> dict[str, Any]
                     pad_token_id=0,
                 )
 
-            out = _timed(device, run, times)
+            out = timed(device, run, times)
             tokens.append(out.sequences.cpu())
             new_tokens.append(int(out.sequences.shape[1]) - length)
             scores.append(torch.stack([s.float().cpu() for s in out.scores]))
@@ -301,11 +240,11 @@ def unet(size: Size, real: bool, device: str, replay: dict[str, Any] | None = No
     calls, images, times = [], [], []
     clock: dict[str, float] = {}
     with torch.no_grad():
-        for _image in _rounds(size.images, clock):
+        for _image in rounds(size.images, clock):
             latents = torch.randn(1, 4, side, side, generator=generator).to(device)
             for t in scheduler.timesteps:
                 batch = torch.cat([latents] * 2)
-                out = _timed(device, lambda b=batch, t=t: model(b, t, encoder_hidden_states=text), times)
+                out = timed(device, lambda b=batch, t=t: model(b, t, encoder_hidden_states=text), times)
                 calls.append({"type": type(out).__qualname__, "sample_type": type(out.sample).__qualname__,
                               "sample": out.sample.cpu(), "input": batch.cpu(), "t": t.cpu()})
                 uncond, cond = out.sample.chunk(2)
@@ -344,11 +283,11 @@ def _served(model: Any, requests: list[Any], answer: Callable[[Any, Any], torch.
     outputs, times = [], []
     clock: dict[str, float] = {}
     with torch.no_grad():
-        for call in _rounds(len(requests), clock):
+        for call in rounds(len(requests), clock):
             request = requests[call % len(requests)]
             if isinstance(request, dict):
                 request = {k: v.to(device) for k, v in request.items()}
-            outputs.append(_timed(device, lambda r=request: answer(model, r), times).float().cpu())
+            outputs.append(timed(device, lambda r=request: answer(model, r), times).float().cpu())
     return {"outputs": outputs, "times": times, "requests": len(requests), **clock}
 
 
@@ -455,7 +394,7 @@ WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
     f.__name__: f for f in (
         gpt2, llama, t5, bart, appending, dict_mutation, unet, unet_freeu, embeddings, sentence_transformers, vit,
         timm_convnext)
-}
+} | generation_patterns.WORKLOADS
 
 
 AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -475,8 +414,8 @@ def main() -> None:
     parser.add_argument("--autocast", default=None, choices=sorted(AUTOCAST),
                         help="run the workload inside torch.autocast(device, dtype)")
     args = parser.parse_args()
-    global COMPILE_MODE, UNTIL_TUNED_S
-    COMPILE_MODE, UNTIL_TUNED_S = args.compile, args.until_tuned
+    global COMPILE_MODE
+    COMPILE_MODE, clock.UNTIL_TUNED_S = args.compile, args.until_tuned
     torch.manual_seed(0)
     start = time.perf_counter()
     size, real = SIZES[args.size], args.size == "real"

@@ -190,3 +190,18 @@ def test_a_unet_loop_with_freeu_switched_on_and_off_computes_the_plain_latents(t
     graph was traced with: the plain forward answers (no compile inside a call) and the UNet is tuned again."""
     history = _check("unet_freeu", tmp_path)
     assert "missed its compiled code" in history and "recorded to tune it again" in history, history[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", [
+    "gpt2_sampling",
+    pytest.param("llama_chat", marks=pytest.mark.heavy),
+    pytest.param("llama_assisted", marks=pytest.mark.heavy),
+    pytest.param("t5_beams", marks=pytest.mark.heavy),
+])
+def test_generation_patterns_that_keep_state_between_calls_generate_the_plain_tokens(workload, tmp_path):
+    """benchmarks/real_workloads/generation_patterns.py: seeded sampling (the program's random streams untouched),
+    a chat passing its cache from turn to turn, assisted decoding cropping both models' caches, beam search
+    reordering the cache: the same tokens and scores as plain eager, and the root is tuned."""
+    history = _history(_check(workload, tmp_path))
+    assert re.search(r"Tuning \w+ \S+ took [\d.]+s: TorchInductorBackend", history), history[-3000:]

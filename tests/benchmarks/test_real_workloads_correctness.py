@@ -81,3 +81,11 @@ def test_each_finished_workload_is_written_before_the_next_one_runs(tmp_path, mo
         correctness.main()
     written = json.loads(out.read_text())
     assert written["complete"] is False and [r["workload"] for r in written["rows"]] == ["gpt2", "t5"]
+
+
+def test_scores_a_sampler_filtered_to_minus_infinity_count_as_no_error():
+    want = torch.tensor([[1.0, -float("inf"), 2.0]])
+    assert correctness._relative(want.clone(), want) == (0.0, 0.0)
+    max_abs, rel = correctness._relative(torch.tensor([[1.0, -float("inf"), 2.5]]), want)
+    assert max_abs == pytest.approx(0.5) and 0 < rel < 1
+    assert correctness._relative(torch.tensor([[1.0, 0.0, 2.0]]), want) == (float("inf"), float("inf"))
