@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aitune_core import thread_warnings
 from aitune_core.log import install_stderr_warnings, remove_stderr_warnings
-from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_rng
+from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_draws, job_rng
 
 
 def enable() -> None:
@@ -28,6 +28,7 @@ def disable() -> None:
     `enable` is removed."""
     hook.uninstall()
     job_rng.uninstall()
+    job_draws.uninstall()
     fx_trace_lock.uninstall()
     thread_warnings.uninstall()
     remove_stderr_warnings()

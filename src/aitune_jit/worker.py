@@ -44,7 +44,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.thread_warnings import private_warnings, to_debug_log
-from aitune_jit import capture_guard, device_guard_pin, fx_trace_lock, job_rng, py_start_gate, training_switch
+from aitune_jit import (
+    capture_guard,
+    device_guard_pin,
+    fx_trace_lock,
+    job_draws,
+    job_rng,
+    py_start_gate,
+    training_switch,
+)
 from aitune_jit.config import jit_config
 from aitune_jit.inductor_priming import prime_inductor_without_fx_patching
 from aitune_jit.job_cancel import (
@@ -216,6 +224,7 @@ class TuningWorker:
                 return
             _side_imports_done(SIDE_JOB_WAIT_S)  # (they import what this job needs: one import, not two at once)
             prime_inductor_without_fx_patching()
+            job_draws.install()  # (the compiler's own draws: from the job's generators, see job_draws)
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
             gate = steps_aside(_keeps_running)  # (waits from the start)
