@@ -45,7 +45,8 @@ from aitune_core.validation.criterion import Closeness, Criterion, FloatComparis
 from aitune_core.validation.tolerance import Tolerance
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "workload.py"
+SCRIPT = ["-m", "benchmarks.real_workloads.workload"]  # (run from the repository root)
+REPO = HERE.parents[1]
 RESULTS = HERE.parent / "results"
 TOLERANCE = {"fp32": (1e-2, 1e-3), "bf16": (5e-2, 5e-2), "fp16": (1e-2, 1e-2)}
 _ERROR_LINE = re.compile(r"(^|\s)(ERROR|CRITICAL)\b|Traceback \(most recent call last\)", re.MULTILINE)
@@ -58,7 +59,7 @@ def _run(
     out = scratch / f"{workload}-{role}.pt"
     env = {k: v for k, v in os.environ.items() if k != "AUTOWRAPT_BOOTSTRAP" and not k.startswith("AITUNE_JIT_")}
     env["AITUNE_JIT_CACHE_DIR"] = str(scratch / "jit-cache")
-    command = [sys.executable, str(SCRIPT), workload, "--out", str(out), "--size", args.size, "--device", args.device]
+    command = [sys.executable, *SCRIPT, workload, "--out", str(out), "--size", args.size, "--device", args.device]
     if jit:
         # blocking unless --background: these short scripts must be answered by tuned backends to check them
         env.update(AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_PRINT_HISTORY="1")
@@ -76,7 +77,8 @@ def _run(
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / f"{workload}-{role}.stderr.txt"
     with log.open("w") as sink:  # streamed: a run cut short still leaves what it printed
-        done = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True, timeout=args.timeout)
+        done = subprocess.run(command, env=env, stdout=sink, stderr=subprocess.STDOUT, text=True, timeout=args.timeout,
+                              cwd=REPO)
     stderr = log.read_text(errors="replace")
     result: dict[str, Any] = {
         "returncode": done.returncode,

@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 HERE = Path(__file__).resolve().parent
-SCRIPT = HERE / "workload.py"
+SCRIPT = ["-m", "benchmarks.real_workloads.workload"]  # (run from the repository root)
+REPO = HERE.parents[1]
 RESULTS = HERE.parent / "results"
 SIZES = ("real", "tiny")  # workload.py's sizes
 
@@ -53,7 +54,7 @@ def _contender_env(name: str, scratch: Path, cache_dir: Path | None, fresh: bool
 
 def _run(name: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
     out = scratch / f"{name}.pt"
-    command = [sys.executable, str(SCRIPT), args.workload, "--out", str(out), "--size", args.size,
+    command = [sys.executable, *SCRIPT, args.workload, "--out", str(out), "--size", args.size,
                "--device", args.device]
     if name.startswith("compile:"):
         command += ["--compile", name.split(":", 1)[1]]
@@ -61,7 +62,7 @@ def _run(name: str, args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         command += ["--until-tuned", str(args.until_tuned)]
     try:
         done = subprocess.run(command, env=_contender_env(name, scratch, args.cache_dir, args.fresh_cache),
-                              capture_output=True, text=True, timeout=args.timeout)
+                              capture_output=True, text=True, timeout=args.timeout, cwd=REPO)
     except subprocess.TimeoutExpired:
         return {"contender": name, "returncode": None, "error": f"no result within {args.timeout}s"}
     if done.returncode != 0:

@@ -1,7 +1,7 @@
 """Real third-party workloads as unmodified scripts (no aitune code here), tiny for CI or at real size on a GPU.
 
-    python workload.py WORKLOAD --out FILE [--size tiny|real] [--device cpu|cuda] [--until-tuned SECONDS]
-        [--autocast bf16|fp16]
+    python -m benchmarks.real_workloads.workload WORKLOAD --out FILE [--size tiny|real] [--device cpu|cuda]
+        [--until-tuned SECONDS] [--autocast bf16|fp16]        # (from the repository root)
 
 Builds the model from a config with random weights (no download), runs it the way users do (greedy
 `generate()` with the default DynamicCache, a DDIM denoising loop with classifier-free guidance, a module that
@@ -32,15 +32,12 @@ sentence-transformers), ViT-B/16 and convnext_tiny at 224 pixels.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # (run as a script: the repository's benchmarks package)
 from benchmarks.real_workloads import clock, generation_patterns
 from benchmarks.real_workloads.clock import SIZES, Size, rounds, timed
 

@@ -1,10 +1,10 @@
 """Real third-party workloads under the env var compute what they compute without aitune.
 
-Each case runs `benchmarks/real_workloads/workload.py WORKLOAD` (CI size) twice in fresh processes: plainly, and under
-`AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` with the default configuration. Everything the script could
-observe is compared: generated tokens exactly, scores and per-call outputs within the stated tolerance, output
-types, the state of objects the program owns. Tuning happens in the middle of the first `generate()` (the
-default `min_samples` is 2). stderr must hold no ERROR-level line and no traceback.
+Each case runs `python -m benchmarks.real_workloads.workload WORKLOAD` (CI size) twice in fresh processes:
+plainly, and under `AUTOWRAPT_BOOTSTRAP=aitune_enable_jit_tuning` with the default configuration. Everything the
+script could observe is compared: generated tokens exactly, scores and per-call outputs within the stated
+tolerance, output types, the state of objects the program owns. Tuning happens in the middle of the first
+`generate()` (the default `min_samples` is 2). stderr must hold no ERROR-level line and no traceback.
 
 Tolerances: fp32 outputs of Inductor on the CPU agree with eager to about 1e-5; the comparison allows
 rtol=1e-3, atol=1e-4 (aitune's own fp32 tolerance). With `AITUNE_JIT_PRECISION=bf16` the UNet's outputs are
@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "real_workloads" / "workload.py"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = ["-m", "benchmarks.real_workloads.workload"]  # (run from the repository root)
 #: what a run measures about itself, not what the program computed
 _TIMINGS = ("times", "wall_s")
 FP32 = {"rtol": 1e-3, "atol": 1e-4}
@@ -54,7 +55,8 @@ def _env(tmp_path: Path, jit: bool, **extra: str) -> dict[str, str]:
 def _run(workload: str, tmp_path: Path, jit: bool, **extra: str) -> tuple[Any, str]:
     out = tmp_path / f"{workload}-{'jit' if jit else 'plain'}.pt"
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), workload, "--out", str(out)],
+        [sys.executable, *SCRIPT, workload, "--out", str(out)],
+        cwd=REPO,
         env=_env(tmp_path, jit, **extra),
         capture_output=True,
         text=True,

@@ -101,41 +101,6 @@ def test_a_job_is_not_starved_by_requests_that_never_end(monkeypatch):
         thread.join(5)
 
 
-def _serve_back_to_back(seconds: float, request_s: float, gap_s: float) -> None:
-    """Requests one after another with a short gap between them: the steps of a `generate()` loop."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        wy.request_started()
-        time.sleep(request_s)
-        wy.request_finished()
-        time.sleep(gap_s)
-
-
-def test_a_job_is_not_starved_by_requests_that_follow_each_other_with_tiny_gaps(monkeypatch):
-    """Each wait ends idle in the gap between two requests; the waits of a streak add up, and after `max_wait` of
-    them the job runs a slice (before, it had the gaps only)."""
-    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "20")
-    thread = _start(_Job())
-    try:
-        _serve_back_to_back(0.6, request_s=0.002, gap_s=0.00005)
-        assert thread.gate.slices >= 5  # about one per 20 ms of waiting and 10 ms of running
-        assert thread.gate.waited_s < 0.6 * 0.85
-    finally:
-        _finish(thread)
-
-
-def test_a_job_that_runs_between_requests_never_takes_a_slice_inside_one(monkeypatch):
-    """Requests with idle time between them: the job runs in the idle time, each streak is one short wait, and it
-    never runs while a request is served."""
-    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "20")
-    thread = _start(_Job())
-    try:
-        _serve_back_to_back(0.4, request_s=0.008, gap_s=0.02)
-        assert thread.gate.waits >= 5 and thread.gate.slices == 0
-    finally:
-        _finish(thread)
-
-
 def test_the_gate_is_the_monitoring_callback_where_python_has_it_and_the_trace_function_before(job, mechanism):
     expected = mechanism
     if mechanism == "default":
