@@ -207,9 +207,42 @@ def compare(workload: str, plain: dict[str, Any], jit: dict[str, Any], precision
         return _compare_generate(plain, jit, precision)
     if "outputs" in plain and "requests" in plain:
         return _compare_outputs(plain, jit, precision)
-    if "calls" in plain:
+    if isinstance(plain.get("calls"), list):
         return _compare_unet(plain, jit, precision, replay)
-    raise ValueError(f"no comparison for {workload}")
+    return _compare_whole(plain, jit, precision)
+
+
+def _leaves(value: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [leaf for key in sorted(value, key=str) for leaf in _leaves(value[key], f"{path}[{key!r}]")]
+    if isinstance(value, (list, tuple)):
+        return [leaf for index, item in enumerate(value) for leaf in _leaves(item, f"{path}[{index}]")]
+    return [(path, value)]
+
+
+def _compare_whole(plain: dict[str, Any], jit: dict[str, Any], precision: str) -> dict[str, Any]:
+    """Everything else a workload keeps (the outputs and the state of the objects a program owns, the `appending`
+    and `dict_mutation` workloads): the same structure, floating tensors within tolerance, everything else equal."""
+    skip = {"times", "wall_s"}
+    want = _leaves({k: v for k, v in plain.items() if k not in skip})
+    got = dict(_leaves({k: v for k, v in jit.items() if k not in skip}))
+    calls = []
+    for path, value in want:
+        other = got.get(path, _MISSING_LEAF)
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and isinstance(other, torch.Tensor):
+            same_shape = other.shape == value.shape
+            max_abs, rel = _relative(other, value) if same_shape else (float("nan"), float("nan"))
+            agrees = same_shape and _within(other, value, precision)
+        else:
+            max_abs = rel = 0.0
+            agrees = bool(torch.equal(other, value)) if isinstance(value, torch.Tensor) and isinstance(
+                other, torch.Tensor) else other is not _MISSING_LEAF and other == value
+        calls.append({"call": path, "max_abs": max_abs, "rel": rel, "agrees": agrees})
+    ok = len(got) == len(want) and all(c["agrees"] for c in calls)
+    return {"ok": ok, "calls": calls}
+
+
+_MISSING_LEAF = object()
 
 
 def _judged_as(args: argparse.Namespace) -> str:

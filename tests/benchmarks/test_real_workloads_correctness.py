@@ -89,3 +89,12 @@ def test_scores_a_sampler_filtered_to_minus_infinity_count_as_no_error():
     max_abs, rel = correctness._relative(torch.tensor([[1.0, -float("inf"), 2.5]]), want)
     assert max_abs == pytest.approx(0.5) and 0 < rel < 1
     assert correctness._relative(torch.tensor([[1.0, 0.0, 2.0]]), want) == (float("inf"), float("inf"))
+
+
+def test_a_workload_that_keeps_outputs_and_object_state_is_compared_whole():
+    plain = {"outputs": [torch.ones(2)], "entries": [torch.zeros(3)], "calls": 6, "times": [0.1]}
+    same = {"outputs": [torch.ones(2) + 1e-7], "entries": [torch.zeros(3)], "calls": 6, "times": [9.0]}
+    assert correctness.compare("appending", plain, same, "fp32")["ok"]
+    assert not correctness.compare("appending", plain, {**same, "calls": 5}, "fp32")["ok"]
+    assert not correctness.compare("appending", plain, {**same, "entries": [torch.ones(3)]}, "fp32")["ok"]
+    assert not correctness.compare("appending", plain, {**same, "entries": []}, "fp32")["ok"]
