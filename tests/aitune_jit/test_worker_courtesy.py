@@ -84,7 +84,9 @@ def test_a_program_that_froze_its_heap_keeps_it_frozen(monkeypatch):
         before = gc.get_freeze_count()
         assert before > 0
         with wc.courteous():
-            assert gc.get_freeze_count() == before  # the job froze nothing more
+            # the job froze nothing more (a freeze moves every tracked object: thousands); frozen objects that
+            # die meanwhile, on any thread, leave the count
+            assert before - 100 <= gc.get_freeze_count() <= before
             assert not gc.isenabled()  # it pauses automatic collection instead
         assert gc.isenabled()
         assert gc.get_freeze_count() >= before - 100  # nothing thawed (a few frozen objects may have died)
