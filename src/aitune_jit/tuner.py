@@ -106,10 +106,12 @@ def _deliver(outcome: TuningOutcome) -> TuningOutcome:
 
 
 def _uncomparable_output(samples: dict[str, list[Sample]]) -> str | None:
-    """The first recorded output object validation could never accept (no `==` of its own, and not one of the
-    call's own argument objects): found before any compile, instead of after one."""
+    """The first recorded output object validation could never accept (no `==` of its own, no tensors to compare
+    its state by, and not one of the call's own argument objects): found before any compile, instead of after
+    one."""
     from aitune_core.specs.tree import flatten
     from aitune_core.validation.private_inputs import argument_state
+    from aitune_core.validation.tensor_slots import holds_tensors
 
     for graph_samples in samples.values():
         for sample in graph_samples[:1]:
@@ -120,7 +122,7 @@ def _uncomparable_output(samples: dict[str, list[Sample]]) -> str | None:
                     continue
                 if id(leaf) in arguments:  # a stateful call's cache, returned: validated as the state it left
                     continue
-                if type(leaf).__eq__ is object.__eq__:
+                if type(leaf).__eq__ is object.__eq__ and not holds_tensors(leaf):  # (a new cache: by its state)
                     where = f"output{locator}" if locator else "output"
                     return f"its {where} is a {type(leaf).__name__} object, which aitune cannot compare"
     return None

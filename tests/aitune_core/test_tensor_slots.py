@@ -107,3 +107,17 @@ def test_reachable_finds_objects_and_constants_beside_tensors():
     assert "kwargs['cache'].layers" not in found.objects  # a list is a container, not an object of the state
     assert found.constants["kwargs['cache'].layers[0].seen"] == 3
     assert found.constants["kwargs['cache'].layers[1].ready"] is True
+
+
+class _Layer:
+    def __init__(self, keys: torch.Tensor | None) -> None:
+        self.keys = keys
+
+
+def test_an_object_that_holds_tensors_is_told_from_containers_and_plain_objects():
+    from aitune_core.validation.tensor_slots import holds_state_object, holds_tensors
+
+    cache = _Layer(torch.zeros(2))
+    assert holds_tensors(cache) and not holds_tensors(_Layer(None)) and not holds_tensors(torch.zeros(2))
+    assert holds_state_object({"logits": torch.ones(1), "cache": [cache]})  # found inside containers
+    assert not holds_state_object({"logits": torch.ones(1), "names": ["a"], "empty": _Layer(None)})

@@ -180,13 +180,40 @@ class _TensorEq(_Holder):
 def test_opaque_output_objects_are_compared_not_trusted_by_type():
     holder = _Holder(torch.ones(2))
     validate_output((torch.ones(2), holder), (torch.ones(2), holder), None, tol_fn)  # the same object: fine
-    with pytest.raises(ValidationError, match="_Holder object that aitune cannot compare"):
-        validate_output(_Holder(torch.zeros(2)), _Holder(torch.ones(2)), None, tol_fn)  # could hide a wrong tensor
+    with pytest.raises(ValidationError, match=r"output\.t"):  # a new object holding tensors: compared by its state
+        validate_output(_Holder(torch.zeros(2)), _Holder(torch.ones(2)), None, tol_fn)
+    with pytest.raises(ValidationError, match="_Bare object that aitune cannot compare"):
+        validate_output(_Bare(), _Bare(), None, tol_fn)  # no ==, nothing to compare it by
     validate_output(_Token("a"), _Token("a"), None, tol_fn)  # its own == decides
     with pytest.raises(ValidationError, match="not equal"):
         validate_output(_Token("a"), _Token("b"), None, tol_fn)
     with pytest.raises(ValidationError, match="cannot be compared with =="):
         validate_output(_TensorEq(torch.ones(2)), _TensorEq(torch.ones(2)), None, tol_fn)
+
+
+class _Bare:
+    def __init__(self) -> None:
+        self.name = "x"
+
+
+class _ReturnedCache:
+    """A cache a forward returns (transformers' DynamicCache when a causal LM is called with `use_cache` on)."""
+
+    def __init__(self, *layers: torch.Tensor, length: int | None = None) -> None:
+        self.layers = [_Holder(t) for t in layers]
+        self.length = length if length is not None else (layers[0].shape[-1] if layers else 0)
+
+
+def test_a_returned_object_holding_tensors_is_compared_by_its_state():
+    k = torch.randn(2, 4)
+    got, want = _ReturnedCache(k, k * 2), _ReturnedCache(k.clone(), k * 2)
+    validate_output({"logits": k, "cache": got}, {"logits": k, "cache": want}, None, tol_fn)
+    with pytest.raises(ValidationError, match=r"output\['cache'\]\.layers\[1\]\.t"):
+        validate_output({"cache": _ReturnedCache(k, k * 3)}, {"cache": _ReturnedCache(k, k * 2)}, None, tol_fn)
+    with pytest.raises(ValidationError, match="holds another layout"):
+        validate_output(_ReturnedCache(k), _ReturnedCache(k, k), None, tol_fn)
+    with pytest.raises(ValidationError, match=r"\.length differs"):
+        validate_output(_ReturnedCache(k, length=3), _ReturnedCache(k, length=4), None, tol_fn)
 
 
 def test_without_reference_checks_spec_and_finiteness():

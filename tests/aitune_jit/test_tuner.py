@@ -97,3 +97,38 @@ def test_the_default_strategy_compiles_whole_graphs_while_breaks_are_detected(mo
     jit_config.detect_graph_breaks = False
     strategy = jit_config.resolve_strategy(torch.device("cpu"))
     assert not any(b.traces_whole_graph for b in strategy.backends)
+
+
+class _Kept:
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys
+
+
+class _ReturnsACache(torch.nn.Module):
+    """A forward that returns a new object holding tensors, as a causal LM called with `use_cache` on returns a
+    DynamicCache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(32, 32)
+        self.b = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> dict[str, object]:
+        h = self.a(x)
+        return {"out": self.b(torch.relu(h)), "cache": _Kept(h)}
+
+
+def test_a_module_that_returns_a_new_object_holding_tensors_is_tuned_and_compared_by_its_state():
+    _setup(WholeGraphBackend())
+    torch.manual_seed(0)
+    model, twin = _ReturnsACache().eval(), _ReturnsACache().eval()
+    twin.load_state_dict(model.state_dict())
+    inputs = [torch.randn(batch, 32, generator=torch.Generator().manual_seed(batch)) for batch in (2, 3, 4, 2, 3)]
+    with torch.no_grad():
+        want = [twin(x) for x in inputs]
+        enable()
+        got = [model(x) for x in inputs]
+    assert PatchedModule.of(model).state is NodeState.TUNED, PatchedModule.of(model).reason
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g["out"], w["out"])
+        torch.testing.assert_close(g["cache"].keys, w["cache"].keys)

@@ -66,6 +66,7 @@ from aitune_core.log import get_logger
 from aitune_core.specs.binding import Binder
 from aitune_core.specs.tensor_spec import dtype_from_str
 from aitune_core.specs.tree import flatten_values, tree_map, unflatten
+from aitune_core.validation.tensor_slots import holds_state_object
 
 if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
@@ -352,10 +353,11 @@ class TorchInductorBackend(Backend):
         self._marks = self._marks_for(graph_spec)
         self._cudagraphs = self.config.wants_cudagraphs and self._device is not None and self._device.type == "cuda"
         varying = _varying_sequence_axis(graph_spec)
-        if self._cudagraphs and any(getattr(sample, "mutates_inputs", False) for sample in data):
+        if self._cudagraphs and any(getattr(sample, "mutates_inputs", False) or holds_state_object(sample.output)
+                                    for sample in data):
             raise ValueError("CUDA graphs replay into buffers of their own, and this module's calls change their "
-                             "arguments (a KV cache): the tensors written into them would be overwritten by the next "
-                             "replay, and a growing cache is a new graph per size")
+                             "arguments or return an object holding tensors (a KV cache): those tensors would be "
+                             "overwritten by the next replay, and a growing cache is a new graph per size")
         if self._cudagraphs and varying is not None:
             raise ValueError(f"CUDA graphs record one graph per size, and {varying}: a graph this backend would "
                              "serve by recording again and again (on an H100, BERT at lengths 32..128 ran 2.4x "

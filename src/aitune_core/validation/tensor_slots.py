@@ -132,3 +132,15 @@ def snapshot(tensor: torch.Tensor) -> torch.Tensor | None:
     except Exception:
         return None
     return copy
+
+
+def holds_tensors(value: Any) -> bool:
+    """Whether `value` is an object (not a tensor) through which tensors are reachable: a cache a forward returns,
+    compared by its state (`validator._check_state_object`)."""
+    return not isinstance(value, torch.Tensor) and bool(reachable(value).tensors)
+
+
+def holds_state_object(value: Any) -> bool:
+    """Whether an object holding tensors (not a tuple, list or mapping of them) is reachable from `value`: an output
+    with a cache in it, which a CUDA-graph backend cannot return (its tensors would be replay buffers)."""
+    return any(holds_tensors(obj) for obj in reachable(value).objects.values())

@@ -49,6 +49,7 @@ from aitune_core.specs.tree import TENSOR, flatten
 from aitune_core.validation.criterion import Criterion, FloatComparison, mismatch_error
 from aitune_core.validation.kept_outputs import KeptOutputs
 from aitune_core.validation.private_inputs import PrivateInputs, argument_state, has_floating_tensors
+from aitune_core.validation.tensor_slots import holds_tensors, reachable
 from aitune_core.validation.tolerance import Tolerance, under_autocast
 
 if TYPE_CHECKING:
@@ -240,12 +241,14 @@ def validate_output(
         if isinstance(value, torch.Tensor):
             _check_tensor(value, ref, spec, tolerance_fn, criterion, f"{context}: {path}")
         else:
-            _check_constant(value, ref, reference is not None, tolerance_fn, f"{context}: {path}", returned or {})
+            _check_constant(value, ref, reference is not None, tolerance_fn, f"{context}: {path}", returned or {},
+                            criterion)
 
 
 # ------------------------------------------------------------------------------------------ constants
 def _check_constant(
-    value: Any, ref: Any, has_reference: bool, tolerance_fn: ToleranceFn, where: str, returned: dict[int, Any]
+    value: Any, ref: Any, has_reference: bool, tolerance_fn: ToleranceFn, where: str, returned: dict[int, Any],
+    criterion: Criterion | None = None,
 ) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         if not (isinstance(ref, float) and ((math.isnan(ref) and math.isnan(value)) or ref == value)):
@@ -271,10 +274,11 @@ def _check_constant(
         if value != ref:
             raise ValidationError(f"{where} differs: got {value!r}, expected {ref!r}")
         return
-    _check_opaque(value, ref, where, returned)
+    _check_opaque(value, ref, where, returned, tolerance_fn, criterion)
 
 
-def _check_opaque(value: Any, ref: Any, where: str, returned: dict[int, Any]) -> None:
+def _check_opaque(value: Any, ref: Any, where: str, returned: dict[int, Any], tolerance_fn: ToleranceFn,
+                  criterion: Criterion | None) -> None:
     """An object the tree walker does not look into: equal by its own `==`, or the same object.
 
     Its type alone proves nothing (it may hold tensors the backend computed wrongly), so an object that
@@ -290,9 +294,12 @@ def _check_opaque(value: Any, ref: Any, where: str, returned: dict[int, Any]) ->
                                   f"({type(ref).__name__}) here, the backend another {type(value).__name__}")
         return
     if type(value).__eq__ is object.__eq__:
+        if holds_tensors(ref):
+            _check_state_object(value, ref, where, tolerance_fn, criterion or Criterion.from_config())
+            return
         raise ValidationError(
             f"{where} is a {type(value).__name__} object that aitune cannot compare with the original output "
-            "(no __eq__, and not a container it walks: tuple, list, dict, dataclass, namedtuple)"
+            "(no __eq__, holds no tensors, and not a container it walks: tuple, list, dict, dataclass, namedtuple)"
         )
     try:
         equal = value == ref
@@ -303,6 +310,19 @@ def _check_opaque(value: Any, ref: Any, where: str, returned: dict[int, Any]) ->
         raise ValidationError(f"{where}: {type(value).__name__} objects cannot be compared with == (no plain bool)")
     if not same:
         raise ValidationError(f"{where} differs from the original output ({type(value).__name__} objects not equal)")
+
+
+def _check_state_object(value: Any, ref: Any, where: str, tolerance_fn: ToleranceFn, criterion: Criterion) -> None:
+    """A new object holding tensors (a `DynamicCache` a causal LM returns when called with `use_cache` on): its
+    state - every tensor, number and flag reachable from it, and its layout - against the original's."""
+    want, got = reachable(ref), reachable(value)
+    if set(want.tensors) != set(got.tensors) or object_signature(value) != object_signature(ref):
+        raise ValidationError(f"{where}: the backend's {type(value).__name__} holds another layout than the original "
+                              "module's")
+    for path, tensor in want.tensors.items():
+        _check_tensor(got.tensors[path], tensor, None, tolerance_fn, criterion, f"{where}{path}")
+    for path, constant in want.constants.items():
+        _check_constant(got.constants.get(path), constant, True, tolerance_fn, f"{where}{path}", {}, criterion)
 
 
 # ------------------------------------------------------------------------------------------ tensors
