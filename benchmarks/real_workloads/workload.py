@@ -7,7 +7,8 @@ Builds the model from a config with random weights (no download), runs it the wa
 `generate()` with the default DynamicCache, a DDIM denoising loop with classifier-free guidance, a module that
 appends to a caller-owned cache, a sentence-transformers-style module that adds keys to its input dict, a
 sentence-embedding service over a BERT encoder with requests of varying batch size and length (by hand, and
-through sentence-transformers' `encode()` when it is installed), image classifiers
+through sentence-transformers' `encode()` when it is installed), a scoring service over a Qwen2 causal LM called
+with `use_cache` left on (each call returns a new DynamicCache), image classifiers
 (transformers' ViT, timm's ConvNeXt when timm is installed) at batches 1 and 8) and
 saves with `torch.save` everything a user could observe: tokens, scores, per-call outputs and their types, the
 state of objects the program owns, plus the wall time of every call. `correctness.py` (GPU) and
@@ -317,6 +318,36 @@ def embeddings(size: Size, real: bool, device: str) -> dict[str, Any]:
     return _served(model, requests, _sentence_embedding, device)
 
 
+
+def _last_token_scores(model: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The next-token scores after each sequence's last token (left-padded), as a scoring or reranking service
+    reads them; the model is called as such services call it, with `use_cache` left on (it returns a new
+    DynamicCache nobody reads)."""
+    return model(**inputs).logits[:, -1]
+
+
+def decoder_scoring(size: Size, real: bool, device: str) -> dict[str, Any]:
+    """A Qwen2 causal LM behind a scoring service: requests of varying batch size and length, left-padded, the
+    cycle served twice (the JIT records eight calls of a graph whose lengths vary before it tunes it)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    width = (896, 4864, 8, 14, 2, 32000) if real else (64, 128, 2, 4, 2, 96)
+    config = Qwen2Config(hidden_size=width[0], intermediate_size=width[1], num_hidden_layers=width[2],
+                         num_attention_heads=width[3], num_key_value_heads=width[4], vocab_size=width[5],
+                         max_position_embeddings=512)
+    model = _prepared(Qwen2ForCausalLM(config).eval().to(device))
+    generator = torch.Generator().manual_seed(6)
+    shapes = [(8, 64), (8, 48), (1, 12), (8, 128), (4, 33), (8, 64)] if real else [
+        (4, 12), (4, 9), (1, 5), (4, 16), (2, 7), (4, 12)]
+    requests = []
+    for batch, longest in shapes:
+        lengths = torch.randint(max(2, longest // 3), longest + 1, (batch,), generator=generator)
+        lengths[0] = longest
+        mask = (torch.arange(longest).flip(0) < lengths.unsqueeze(1)).long()
+        requests.append({"input_ids": torch.randint(3, config.vocab_size, (batch, longest), generator=generator) * mask,
+                         "attention_mask": mask})
+    return _served(model, requests * 2, _last_token_scores, device)  # (tuned during the first cycle: lengths vary)
+
 def sentence_transformers(size: Size, real: bool, device: str) -> dict[str, Any]:
     """sentence-transformers' own `encode()` (which sorts, batches, tokenizes and pools): a BERT model and a word
     vocabulary written to a temporary folder and loaded as a `SentenceTransformer` of Transformer, mean Pooling
@@ -389,8 +420,8 @@ def timm_convnext(size: Size, real: bool, device: str) -> dict[str, Any]:
 
 WORKLOADS: dict[str, Callable[[Size, bool, str], dict[str, Any]]] = {
     f.__name__: f for f in (
-        gpt2, llama, t5, bart, appending, dict_mutation, unet, unet_freeu, embeddings, sentence_transformers, vit,
-        timm_convnext)
+        gpt2, llama, t5, bart, appending, dict_mutation, unet, unet_freeu, embeddings, decoder_scoring,
+        sentence_transformers, vit, timm_convnext)
 } | generation_patterns.WORKLOADS
 
 

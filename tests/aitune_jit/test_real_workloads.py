@@ -207,3 +207,11 @@ def test_generation_patterns_that_keep_state_between_calls_generate_the_plain_to
     reordering the cache: the same tokens and scores as plain eager, and the root is tuned."""
     history = _history(_check(workload, tmp_path))
     assert re.search(r"Tuning \w+ \S+ took [\d.]+s: TorchInductorBackend", history), history[-3000:]
+
+
+@pytest.mark.slow
+def test_a_causal_lm_called_with_use_cache_on_is_tuned_at_the_root_and_answers_the_same(tmp_path):
+    """A scoring service calls a Qwen2 causal LM with `use_cache` left on: each call returns a new DynamicCache,
+    which validation compares by its state; the root is tuned and every request's scores agree with plain eager."""
+    history = _history(_check("decoder_scoring", tmp_path))
+    assert re.search(r"Tuning Qwen2ForCausalLM \S+ took [\d.]+s: TorchInductorBackend", history), history[-3000:]
