@@ -30,13 +30,11 @@ One compiled entry per backend
     object, and a class's `forward` is shared by every instance and every equal `torch.compile`), so this
     backend's graphs, CUDA-graph recordings and recompile count are its own.
 
-Recompile limit
-    Dynamo keeps at most `torch._dynamo.config.recompile_limit` (8) entries per code object and then runs eager; the
-    warm-up (and the first call after activation) run with it raised to `RECOMPILE_LIMIT` for their duration only.
-
-Batch sizes
-    Without CUDA graphs, the build also calls the backend at the batch range's ends and powers of two between them
-    (`batch_probes`): sizes torch specialized are compiled here, not in a serving thread's call.
+Recompile limit, batch sizes
+    Dynamo keeps at most 8 entries per code object, then runs eager; the warm-up and the first call after
+    activation raise that limit while they run (`recompile_limit`). Without CUDA graphs the build also calls the
+    backend at the batch range's ends and powers of two between (`batch_probes`): sizes torch specialized compile
+    here, not in a serving thread's call.
 
 Deactivate, checkpoint (`to_dict` / `from_dict`)
     `deactivate()` drops the compiled wrapper and the samples (`torch._dynamo.reset()` is global: never called). A
@@ -61,6 +59,7 @@ from aitune_core.backends.dynamic_marks import DynamicMarks
 from aitune_core.backends.inductor_failures import constraint_violation, region_failure
 from aitune_core.backends.inductor_options import check_from_file, check_options
 from aitune_core.backends.isolated_entry import isolated_entry
+from aitune_core.backends.recompile_limit import raised_recompile_limit
 from aitune_core.backends.run_only import run_only, served
 from aitune_core.log import get_logger
 from aitune_core.specs.binding import Binder
@@ -154,20 +153,6 @@ class TorchInductorBackendConfig(BackendConfig):
 
 # (tensor position in input_spec.tensors, axis, min, max)
 _Mark = tuple[int, int, int, int]
-
-
-#: the recompile limit this backend's compiles run under (module docstring, "Recompile limit"): configs x graphs x
-#: specialized batch-1 graphs of one module can pass dynamo's default of 8, beyond which it silently runs eager
-RECOMPILE_LIMIT = 64
-
-
-def _raised_recompile_limit() -> Any:
-    config = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):
-        current = getattr(config, name, None)
-        if isinstance(current, int):
-            return config.patch(**{name: max(current, RECOMPILE_LIMIT)})
-    return contextlib.nullcontext()
 
 
 def _varying_sequence_axis(graph_spec: GraphSpec) -> str | None:
@@ -393,7 +378,7 @@ class TorchInductorBackend(Backend):
 
     def _warm_up_sizes(self, graph_spec: GraphSpec, data: list[Sample]) -> None:
         """Compile here the batch sizes of the range that no recorded call showed (`batch_probes`); best effort."""
-        with torch.no_grad(), _raised_recompile_limit():
+        with torch.no_grad(), raised_recompile_limit():
             for args, kwargs in batch_probes(graph_spec, data, self._device):
                 try:
                     with self._marked(args, kwargs, soft=self._soft_marks):
@@ -421,7 +406,7 @@ class TorchInductorBackend(Backend):
 
     def _warm_up(self, ordered: list[Sample]) -> None:
         device = self._device
-        with torch.no_grad(), _raised_recompile_limit():
+        with torch.no_grad(), raised_recompile_limit():
             for index, sample in enumerate(ordered):
                 args, kwargs = sample.inputs_to(device) if device is not None else (sample.args, sample.kwargs)
                 args, kwargs = tuple(args), dict(kwargs)
@@ -462,7 +447,7 @@ class TorchInductorBackend(Backend):
             # Grad mode and inference mode are part of dynamo's guards: the first call in a mode the warm-up did
             # not cover (or the first call after activate/deploy) compiles again. Mark its inputs so that this
             # compile is dynamic over the recorded range too: one compile per mode, not one per shape.
-            with self._marked(args, kwargs, soft=self._soft_marks), _raised_recompile_limit():
+            with self._marked(args, kwargs, soft=self._soft_marks), raised_recompile_limit():
                 output = self._run(args, kwargs)
             self._compiled_modes.add(mode)  # (once compiled: a call meanwhile must not take the mode for served)
             return output
