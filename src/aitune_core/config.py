@@ -10,13 +10,15 @@ validated when it is assigned, so a typo or a wrong type fails at the line that 
 
 Options:
 
-- `strict_mode` (bool, default True): when True, non-tensor arguments (ints, strings, flags...) are
-  part of a graph's identity, so `m(x, mask=True)` and `m(x, mask=False)` are different graphs; when
-  False only the structure and the tensors (rank, dtype) decide.
+- `strict_mode` (bool, default True): when True, non-tensor arguments (strings, flags, ...) are
+  part of a graph's identity, so `m(x, mask=True)` and `m(x, mask=False)` are different graphs, except an int
+  or float whose value changes between otherwise equal calls (`m(x, t=999)`, `m(x, t=979)`): that one becomes a
+  free scalar of one graph (`aitune_core.specs.free_scalars`); when False only the structure and the tensors
+  (rank, dtype) decide.
 - `max_num_samples_stored` (int >= 1, default 8): samples kept per graph; the store keeps the calls
   at the shape extremes so min and max shapes can be validated.
 - `max_num_graphs` (int >= 1, default 32): graphs recorded per module. In strict mode a non-tensor argument
-  that changes on every call (a float threshold, a request id) would otherwise make a new graph, with its
+  that changes on every call (a request id, a string) would otherwise make a new graph, with its
   samples, on every call: unbounded memory in a long-running server. Calls of graphs beyond the limit run
   the original module and are not recorded (one warning per module).
 - `cache_dir` (Path, default `$AITUNE_CACHE_DIR` or `~/.cache/aitune`): where backends put artifacts.

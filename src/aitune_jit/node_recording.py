@@ -331,6 +331,8 @@ def missing_for_tuning(recorder: GraphRecorder, spec: GraphSpec, varying_waits: 
     """What graph `spec` still lacks before it may be tuned: "samples" (fewer than `min_samples`, or than
     `min_samples_varying` once a non-batch axis varied, where `varying_waits`), "batch axis"
     (`batch_axis_required` and none found yet), or None when it is ready (the one readiness rule of a graph).
+    A graph with free scalars (an int step that changes per call: `free_scalars`) has varied too: its warm-up
+    needs a third value to show whether the trace specializes on it (`scalar_specialization`).
     `varying_waits` is False for a stateful node (each of its recorded calls copies its state on the serving
     thread, a KV cache whose length is that axis) and for a graph due for a re-tune over wider ranges (its
     calls were counted as misses: waiting for more could keep it from ever being tuned again)."""
@@ -338,7 +340,7 @@ def missing_for_tuning(recorder: GraphRecorder, spec: GraphSpec, varying_waits: 
     calls = recorder.num_samples(spec)
     if calls < cfg.min_samples:
         return "samples"
-    varied = any(t.dynamic_axes() for t in spec.input_spec.tensors)
+    varied = any(t.dynamic_axes() for t in spec.input_spec.tensors) or bool(spec.free_scalars())
     if varying_waits and varied and calls < cfg.min_samples_varying:
         return "samples"
     if cfg.batch_axis_required and not any(t.batch_axes() for t in spec.input_spec.tensors):

@@ -33,3 +33,23 @@ def test_no_probes_for_a_static_graph_or_calls_that_change_their_arguments():
     for sample in samples:
         sample.mutates_inputs = True
     assert batch_probes(spec, samples, None) == []
+
+
+def test_a_probe_passes_the_largest_calls_own_free_scalar_values():
+    """A free scalar's value is not in the spec (its marker matches any int): a probe built from the spec's
+    constants passed the marker object to the forward."""
+    from aitune_core.recording.graph_recorder import GraphRecorder
+
+    class Stepped(torch.nn.Module):
+        def forward(self, x, t):
+            return x * t
+
+    module = Stepped()
+    recorder = GraphRecorder(module)
+    for batch, t in ((2, 999), (8, 979)):
+        x = torch.randn(batch, 4)
+        recorder.record((x, t), {}, module(x, t), batch_size=batch)
+    spec = recorder.graph_specs[0]
+    assert spec.free_scalars() == ["t"]
+    calls = batch_probes(with_headroom(spec), recorder.samples(spec), None)
+    assert [args[0].shape[0] for args, _ in calls] == [4] and [args[1] for args, _ in calls] == [979]

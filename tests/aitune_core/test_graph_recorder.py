@@ -57,8 +57,8 @@ def test_strict_and_non_strict_constants():
     net = Net()
     strict = GraphRecorder(net)
     assert strict.strict is True  # config default
-    _record(strict, net, torch.randn(1, 4), scale=2.0)
-    _record(strict, net, torch.randn(1, 4), scale=3.0)
+    _record(strict, net, torch.randn(1, 4), scale=True)
+    _record(strict, net, torch.randn(1, 4), scale=False)
     assert len(strict.graph_specs) == 2
 
     with config.override(strict_mode=False):
@@ -71,6 +71,45 @@ def test_strict_and_non_strict_constants():
     assert len(loose.graph_specs) == 2
 
 
+def test_a_call_differing_only_in_int_or_float_values_joins_the_graph_as_free_scalars():
+    """A hand-written diffusion loop passes its step as a Python int: one graph, not one per step."""
+    net = Net()
+    rec = GraphRecorder(net)
+    first = _record(rec, net, torch.randn(2, 4), scale=999)
+    assert first.free_scalars() == []
+    spec = _record(rec, net, torch.randn(3, 4), scale=979)
+    assert spec.name == "0" and spec.free_scalars() == ["scale"]
+    assert len(rec.graph_specs) == 1 and rec.num_samples("0") == 2
+    assert [s.kwargs["scale"] for s in rec.samples("0")] == [999, 979]  # each sample keeps its own value
+    assert rec.graph_specs[0].accepts((torch.randn(2, 4),), {"scale": 5})  # any int, once free
+    assert not rec.graph_specs[0].accepts((torch.randn(2, 4),), {"scale": 5.0})  # not another type
+    assert rec.recorded_at_least((torch.randn(2, 4),), {"scale": 7}, 2)
+    # a float, a bool or a string value is another graph (bools and strings pick code paths)
+    assert _record(rec, net, torch.randn(2, 4), scale=0.5).name == "1"
+    assert _record(rec, net, torch.randn(2, 4), scale=True).name == "2"
+    assert _record(rec, net, torch.randn(2, 4), scale=False).name == "3"
+    assert _record(rec, net, torch.randn(2, 4), scale=0.25).name == "1"
+    assert rec.graph_spec("1").free_scalars() == ["scale"]
+    assert rec.graph_spec("2").free_scalars() == []
+
+
+def test_free_scalars_survive_json_and_never_match_a_flat_export():
+    from aitune_core.backends.onnx_export import check_flat_graph
+    from aitune_core.errors import BackendBuildError
+    from aitune_core.specs.graph_spec import GraphSpec
+
+    net = Net()
+    rec = GraphRecorder(net)
+    for step in (10, 20, 30):
+        _record(rec, net, torch.randn(2, 4), scale=step)
+    spec = rec.graph_spec("0")
+    again = GraphSpec.from_dict(spec.to_dict())
+    assert again.free_scalars() == ["scale"] and again.accepts((torch.randn(2, 4),), {"scale": 40})
+    assert spec.to_dict() == again.to_dict()  # the decision key does not hold the first value
+    with pytest.raises(BackendBuildError, match="scale change between calls"):
+        check_flat_graph(spec, rec.samples("0"))
+
+
 def test_graphs_beyond_max_graphs_are_not_recorded(caplog):
     """A constant that changes on every call (strict mode) must not grow memory without bound."""
     net = Net()
@@ -79,13 +118,13 @@ def test_graphs_beyond_max_graphs_are_not_recorded(caplog):
     caplog.set_level("WARNING", logger="aitune")
     for i in range(10):
         x = torch.randn(1, 4)
-        spec = recorder.record((x,), {"scale": float(i)}, net(x, scale=float(i)))
+        spec = recorder.record((x,), {"scale": f"request-{i}"}, net(x, scale=1.0))
         assert (spec is None) == (i >= 3)
     assert len(recorder.graph_specs) == 3 and recorder.graphs_refused == 7
     assert caplog.text.count("already 3 graphs recorded") == 1
     assert "strict_mode = False" in caplog.text
     x = torch.randn(2, 4)  # a call of a known graph is still recorded
-    assert recorder.record((x,), {"scale": 1.0}, net(x, scale=1.0)).name == "1"
+    assert recorder.record((x,), {"scale": "request-1"}, net(x, scale=1.0)).name == "1"
     with pytest.raises(ValueError, match="max_graphs"):
         GraphRecorder(net, max_graphs=0)
 

@@ -380,9 +380,9 @@ def test_repeated_blocks_are_marked_while_the_backend_is_active(tmp_path, monkey
     seen = []
     warm_up = TorchInductorBackend._warm_up
 
-    def watching(self, ordered):
+    def watching(self, ordered, graph_spec):
         seen.append(_Layer.__dict__["forward"] is not original)
-        return warm_up(self, ordered)
+        return warm_up(self, ordered, graph_spec)
 
     monkeypatch.setattr(TorchInductorBackend, "_warm_up", watching)
     backend = TorchInductorBackend()
@@ -414,18 +414,18 @@ def test_a_compile_that_fails_with_regions_is_retried_without_and_remembers_it(t
     warm_up = TorchInductorBackend._warm_up
     calls = []
 
-    def failing_with_regions(self, ordered):
+    def failing_with_regions(self, ordered, graph_spec):
         calls.append(self._regions_off)
         if not self._regions_off:
             raise RuntimeError("exceeded maximum reuse entries of invoke_subgraph")
-        return warm_up(self, ordered)
+        return warm_up(self, ordered, graph_spec)
 
     monkeypatch.setattr(TorchInductorBackend, "_warm_up", failing_with_regions)
     backend = TorchInductorBackend()
     backend.build(model, spec, data, torch.device("cpu"), tmp_path)
     assert calls == [False, True] and backend.to_dict()["regions_off"] is True
 
-    def failing_otherwise(self, ordered):
+    def failing_otherwise(self, ordered, graph_spec):
         raise RuntimeError("a model error")
 
     monkeypatch.setattr(TorchInductorBackend, "_warm_up", failing_otherwise)
@@ -493,3 +493,4 @@ def test_a_graph_the_program_calls_under_inference_mode_is_compiled_for_it_in_th
     with torch.inference_mode():
         torch.testing.assert_close(backend.serve(x), model(x))
     assert counters["stats"]["unique_graphs"] == graphs
+

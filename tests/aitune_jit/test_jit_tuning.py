@@ -320,7 +320,7 @@ class _Scaled(torch.nn.Module):
         super().__init__()
         self.fc = torch.nn.Linear(32, 32)
 
-    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, scale: float = 1.0, request: str = "") -> torch.Tensor:
         return self.fc(x) * scale
 
 
@@ -336,12 +336,34 @@ def test_a_constant_that_changes_every_call_makes_at_most_max_num_graphs_graphs(
     enable()
     with config.override(max_num_graphs=2), torch.no_grad():
         for i in range(20):
-            torch.testing.assert_close(model(x, scale=float(i)), base * float(i))
+            torch.testing.assert_close(model(x, request=f"id-{i}"), base)
         node = PatchedModule.of(model)
         assert len(node.recorder.graph_specs) == 2 and node.recorder.graphs_refused > 0
         for _ in range(2):  # a value seen before still belongs to its graph, which then gets tuned
-            model(x, scale=1.0)
+            model(x, request="id-1")
     assert node.state is NodeState.TUNED and CountingBackend.builds == 1
+
+
+def test_a_float_that_changes_every_call_is_one_graph_tuned_once():
+    """Free scalars (`aitune_core.specs.free_scalars`): before, each value was a graph and a build of its own."""
+    _fake_backends(CountingBackend())
+    jit_config.min_samples_varying = 3
+    torch.manual_seed(0)
+    model = _Scaled().eval()
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        base = model.fc(x)
+    enable()
+    with torch.no_grad():
+        for i in range(20):
+            torch.testing.assert_close(model(x, scale=float(i)), base * float(i))
+    node = PatchedModule.of(model)
+    assert len(node.recorder.graph_specs) == 1 and node.recorder.graph_specs[0].free_scalars() == ["scale"]
+    assert node.state is NodeState.TUNED and CountingBackend.builds == 1
+    before = CountingBackend.infers
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, scale=123.5), base * 123.5)  # a value never seen: the backend answers
+    assert CountingBackend.infers == before + 1
 
 
 class _Tokens(torch.nn.Module):

@@ -91,6 +91,20 @@ def test_a_graph_whose_non_batch_axis_varies_waits_for_min_samples_varying():
     assert missing_for_tuning(batches, spec) is None
 
 
+def test_a_graph_with_a_free_scalar_waits_for_min_samples_varying():
+    """An int step that changes per call: the warm-up needs a third value to tell a symbolic step from a
+    specialized one (`scalar_specialization`)."""
+    jit_config.min_samples, jit_config.min_samples_varying = 2, 4
+    model = torch.nn.Linear(8, 8).eval()
+    recorder = GraphRecorder(lambda x, t: None, name="steps")
+    for t in (999, 979, 959):
+        spec = recorder.record((torch.randn(2, 8), t), {}, model(torch.randn(2, 8)))
+        assert missing_for_tuning(recorder, spec) == "samples"
+    assert spec.free_scalars() == ["t"] and len(recorder.graph_specs) == 1
+    spec = recorder.record((torch.randn(2, 8), 939), {}, model(torch.randn(2, 8)))
+    assert missing_for_tuning(recorder, spec) is None
+
+
 def _embedding_recorder():
     """An embedding (batch 8, varying length) and a recorder of its calls."""
     embed = torch.nn.Embedding(200, 8).eval()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from aitune_core.specs.tensor_spec import is_batch_axis
+from aitune_core.specs.tree import flatten_values, unflatten
 
 if TYPE_CHECKING:
     from aitune_core.recording.sample import Sample
@@ -62,12 +63,16 @@ def batch_probes(
     base = max(usable, key=lambda s: sum(t.numel() for t in graph_spec.input_tensors(s.args, s.kwargs)))
     recorded = {int(graph_spec.input_tensors(s.args, s.kwargs)[first[0]].shape[first[1]]) for s in usable}
     args, kwargs = base.inputs_to(device) if device is not None else (base.args, base.kwargs)
-    tensors = graph_spec.input_tensors(args, kwargs)
+    # the call is rebuilt from the base sample's own leaves: its non-tensor values are that call's (a free scalar's
+    # value is not in the spec: `free_scalars`)
+    leaves, treedef = flatten_values(graph_spec.bind(args, kwargs))
+    places = [place for place, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    tensors = [leaves[place] for place in places]
     calls = []
     for size in probe_sizes(low, high, recorded):
-        resized = list(tensors)
+        resized = list(leaves)
         for index, axis in axes:
-            resized[index] = _resized(tensors[index], axis, size)
-        new_args, new_kwargs = graph_spec.binder.unbind(graph_spec.input_spec.unflatten(resized))
+            resized[places[index]] = _resized(tensors[index], axis, size)
+        new_args, new_kwargs = graph_spec.binder.unbind(unflatten(treedef, resized))
         calls.append((tuple(new_args), dict(new_kwargs)))
     return calls

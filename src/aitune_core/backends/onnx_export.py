@@ -11,7 +11,8 @@ Flat graphs
     `input_ids`, `outputs_0`, `outputs_logits`, ...).
 
     Non-tensor arguments are baked into the graph. That is exact in strict mode (they are part of the graph's
-    identity); in non-strict mode `check_flat_graph` refuses a graph whose samples disagree on them.
+    identity); `check_flat_graph` refuses a graph with free scalars (`specs/free_scalars.py`) and, in non-strict
+    mode, one whose samples disagree on them.
 
 Dynamic dimensions
     Every batch and dynamic axis of the GraphSpec becomes a named dynamic dimension: batch axes keep their spec name
@@ -117,6 +118,10 @@ def check_flat_graph(graph_spec: GraphSpec, data: Sequence[Sample]) -> None:
         raise BackendBuildError(f"graph {graph_spec.name}: the module returns no tensors; nothing to export")
     if not graph_spec.input_spec.tensors:
         raise BackendBuildError(f"graph {graph_spec.name}: the module takes no tensors; nothing to export")
+    if graph_spec.free_scalars():
+        raise BackendBuildError(
+            f"graph {graph_spec.name}: the values of {', '.join(graph_spec.free_scalars())} change between calls, and "
+            "an exported graph bakes non-tensor arguments in")
     expected = graph_spec.input_spec.constant_keys()
     for index, sample in enumerate(data):
         leaves, _ = flatten_values(graph_spec.bind(sample.args, sample.kwargs))

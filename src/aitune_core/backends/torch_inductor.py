@@ -8,7 +8,9 @@ Build
     Dynamo specializes sizes 0 and 1: an axis is marked only where the sample's size is >= 2 (`min=max(2, recorded
     min)`), and a recorded size of 1 gets a graph of its own. If the model forces an axis static
     (`ConstraintViolationError`), the build retries once with `maybe_mark_dynamic`. `dynamic=False` disables marking
-    (always specialize).
+    (always specialize). An int / float argument whose value varies between the graph's calls (`free_scalars`)
+    compiles twice, as a constant then as a symbol; a third value compiling again fails the build
+    (`scalar_specialization`).
 
 Inference
     Runs the compiled module (inside `torch.autocast` when enabled; floating outputs are cast back to the original
@@ -61,6 +63,7 @@ from aitune_core.backends.inductor_options import check_from_file, check_options
 from aitune_core.backends.isolated_entry import isolated_entry
 from aitune_core.backends.recompile_limit import raised_recompile_limit
 from aitune_core.backends.run_only import run_only, served
+from aitune_core.backends.scalar_specialization import ScalarSpecialization
 from aitune_core.log import get_logger
 from aitune_core.specs.binding import Binder
 from aitune_core.specs.tensor_spec import dtype_from_str
@@ -353,7 +356,7 @@ class TorchInductorBackend(Backend):
             used = self._mark_regions()
             self._compiled = self._compile()
             try:
-                self._warm_up(ordered)
+                self._warm_up(ordered, graph_spec)
             except Exception as exc:
                 if not used or not region_failure(exc):
                     raise
@@ -364,7 +367,7 @@ class TorchInductorBackend(Backend):
                 self.regions_summary = None
                 self._soft_marks = False
                 self._compiled = self._compile()
-                self._warm_up(ordered)
+                self._warm_up(ordered, graph_spec)
         except BaseException:
             self._unmark_regions()  # a failed (or cancelled) build holds nothing
             raise
@@ -404,14 +407,15 @@ class TorchInductorBackend(Backend):
             self._regions.remove()
             self._regions = None
 
-    def _warm_up(self, ordered: list[Sample]) -> None:
+    def _warm_up(self, ordered: list[Sample], graph_spec: GraphSpec) -> None:
         device = self._device
+        scalars = ScalarSpecialization(graph_spec, self._entry)
         with torch.no_grad(), raised_recompile_limit():
             for index, sample in enumerate(ordered):
                 args, kwargs = sample.inputs_to(device) if device is not None else (sample.args, sample.kwargs)
                 args, kwargs = tuple(args), dict(kwargs)
                 try:
-                    with self._marked(args, kwargs, soft=self._soft_marks):
+                    with self._marked(args, kwargs, soft=self._soft_marks), scalars.call(args, kwargs):
                         self._run(args, kwargs)
                 except Exception as exc:
                     # dynamo raises before running anything when a marked axis is specialized by the model's

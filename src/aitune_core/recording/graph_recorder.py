@@ -2,7 +2,8 @@
 
 Per call: bind `(args, kwargs)` to forward's signature, flatten the bound arguments, compute the
 graph identity (layout, tensor ranks and dtypes, the non-tensor values in strict mode, and the thread's
-`torch.autocast` state and default device: `autocast_state`, `default_device`), then
+`torch.autocast` state and default device: `autocast_state`, `default_device`; a call that differs from a graph only
+in int / float values joins it, those arguments becoming its free scalars: `free_scalars`), then
 update that graph's running shape statistics (min/max per axis, batch-size following) from every
 call, and offer the call to the graph's bounded sample store.
 
@@ -31,6 +32,7 @@ from aitune_core.specs.autocast_state import AutocastState, current_autocast
 from aitune_core.specs.axis_inference import BatchEvidence, ShapeTracker, implied_batch_size
 from aitune_core.specs.binding import Binder
 from aitune_core.specs.default_device import current_default_device
+from aitune_core.specs.free_scalars import freed, loose_identity, marker_for
 from aitune_core.specs.graph_spec import GraphSpec
 from aitune_core.specs.sample_metadata import SampleMetadata, call_identity
 from aitune_core.specs.tree import flatten_values
@@ -95,6 +97,8 @@ class GraphRecorder:
         self.name = name
         self._lock = threading.Lock()
         self._graphs: dict[tuple[Any, ...], _GraphState] = {}
+        # graphs with int / float constants, by their identity with those values left out (`free_scalars`)
+        self._loose: dict[tuple[Any, ...], _GraphState] = {}
         self._by_name: dict[str, _GraphState] = {}
         self._specs: list[GraphSpec] = []  # replaced, never mutated: a snapshot for lock-free readers
         self._total_calls = 0
@@ -145,11 +149,16 @@ class GraphRecorder:
             self._total_calls += 1
             state = self._graphs.get(identity)
             if state is None:
+                loose = (binder, *loose_identity(in_values, in_treedef), autocast, device) if self.strict else None
+                state = self._joined(loose, in_values)
+            if state is None:
                 if len(self._graphs) >= self.max_graphs:
                     self._refuse_graph()
                     return None
                 state = self._new_graph(identity, binder, in_values, in_treedef, out_values, out_treedef, out_identity,
                                         (autocast, device))
+                if loose is not None and any(marker_for(value) is not None for _, value in state.input_meta.constants):
+                    self._loose.setdefault(loose, state)
             state.num_calls += 1
             if not state.inference_mode and torch.is_inference_mode_enabled():
                 state.inference_mode = True
@@ -178,6 +187,20 @@ class GraphRecorder:
                 in_shapes, batch_size, lambda: Sample.capture(args, kwargs, output, batch_size, after=after)
             )
             return state.spec
+
+    def _joined(self, loose: tuple[Any, ...] | None, in_values: list[Any]) -> _GraphState | None:
+        """The graph a call joins that differs from it only in int / float values (None: no such graph); the
+        arguments whose value differs become free scalars of that graph (`free_scalars`)."""
+        state = self._loose.get(loose) if loose is not None else None
+        if state is None:
+            return None
+        meta = freed(state.input_meta, in_values)
+        if meta is not None:
+            state.input_meta = meta
+            self._refresh_spec(state)
+            _logger.debug("%sgraph %s: free scalars %s (their values change between calls)",
+                          f"{self.name}: " if self.name else "", state.name, state.spec.free_scalars())
+        return state
 
     def _refuse_graph(self) -> None:
         self.graphs_refused += 1
@@ -285,9 +308,10 @@ class GraphRecorder:
         try:
             binder, bound = self._bind(tuple(args), dict(kwargs))
             values, treedef = flatten_values(bound)
-            identity = (binder, *call_identity(values, treedef, self.strict), current_autocast(),
-                        current_default_device())
-            state = self._graphs.get(identity)
+            thread_state = (current_autocast(), current_default_device())
+            state = self._graphs.get((binder, *call_identity(values, treedef, self.strict), *thread_state))
+            if state is None and self.strict:
+                state = self._loose.get((binder, *loose_identity(values, treedef), *thread_state))
         except Exception:
             return False
         return state is not None and state.num_calls >= count

@@ -1,7 +1,8 @@
 """`GraphSpec`: one computational graph of a module, i.e. one family of calls that a backend can serve.
 
 Two calls belong to the same graph when their bound arguments have the same layout, the same tensor
-ranks and dtypes, and (in strict mode) the same non-tensor values. Within a graph, tensor sizes vary
+ranks and dtypes, and (in strict mode) the same non-tensor values, except for int / float arguments whose value
+changed between the calls of the graph (`free_scalars`: they match any value). Within a graph, tensor sizes vary
 inside the recorded [min, max] range of each batch / dynamic axis. The calling thread's `torch.autocast` state and
 default device are part of the identity too (`autocast_state`, `default_device`): a call under autocast is another
 computation, and a forward's own tensors go to the default device.
@@ -26,6 +27,7 @@ from aitune_core.specs.autocast_state import (
 )
 from aitune_core.specs.binding import Binder
 from aitune_core.specs.default_device import current_default_device, default_device_from_json, function_modes
+from aitune_core.specs.free_scalars import free_locators, is_free_key, loose_key
 from aitune_core.specs.sample_metadata import SampleMetadata, constant_key
 from aitune_core.specs.tree import TENSOR, flatten_values
 
@@ -149,7 +151,8 @@ class GraphSpec:
         if mismatch is not None:
             return mismatch
         for index, key in self._const_checks:
-            if constant_key(leaves[index]) != key:
+            leaf = leaves[index]
+            if (loose_key(leaf) if is_free_key(key) else constant_key(leaf)) != key:
                 return f"non-tensor argument at leaf {index} differs (strict mode)" if explain else "const"
         self._learn_layout(args, kwargs, tensors)
         return None
@@ -203,6 +206,10 @@ class GraphSpec:
 
     def has_batch_axis(self) -> bool:
         return self.input_spec.has_batch_axis()
+
+    def free_scalars(self) -> list[str]:
+        """Where the int / float arguments whose value varies between this graph's calls sit (`free_scalars`)."""
+        return free_locators(self.input_spec)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
         return self.binder.bind(args, kwargs)
