@@ -1,0 +1,42 @@
+"""benchmarks/probes/stepped_denoiser.py: a contender's rounds and row, a failed contender is a row with the reason,
+and jit-base needs the other tree."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.probes import stepped_denoiser as probe
+
+pytest.importorskip("diffusers")
+
+
+def _args(**overrides):
+    values = {"device": "cpu", "rounds": 2, "steps": 3, "batch": 1, "until_s": 60.0, "base": None}
+    return argparse.Namespace(**{**values, **overrides})
+
+
+def test_the_eager_contender_runs_its_rounds_and_compares_the_last_one_with_itself():
+    row = probe.serve("eager", _args())
+    assert row["contender"] == "eager" and row["rounds"] == 2 and row["first_round_s"] > 0
+    assert row["max_rel_err_last_round"] == 0.0 and row["tuned_in_round"] is None
+
+
+def test_a_contender_that_fails_or_prints_no_row_is_a_row_with_the_reason(monkeypatch, tmp_path):
+    def fresh(command, **kwargs):
+        assert kwargs["env"]["AUTOWRAPT_BOOTSTRAP"] == "aitune_enable_jit_tuning"
+        assert kwargs["env"]["PYTHONPATH"].split(":")[0].endswith("base/src")  # the other tree's src first
+        return subprocess.CompletedProcess(command, 1, stdout="", stderr="Traceback: no compiler")
+
+    monkeypatch.setattr(subprocess, "run", fresh)
+    row = probe._contender("jit-base", _args(base=str(tmp_path / "base")), str(tmp_path))
+    assert row["contender"] == "jit-base" and "no compiler" in row["error"]
+
+
+def test_jit_base_without_a_tree_is_refused(monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["stepped_denoiser", "--contenders", "jit-base"])
+    with pytest.raises(SystemExit):
+        probe.main()
