@@ -91,3 +91,17 @@ def test_a_free_int_step_compiles_twice_and_serves_every_later_step_compiled(tmp
             x = torch.randn(2, 8)
             torch.testing.assert_close(backend.serve(x, t), model(x, t))  # a miss would raise CompiledCodeMissed
     assert len(_debug_get_cache_entry_list(backend._entry.__code__)) == 2
+
+
+def test_cuda_graph_modes_refuse_a_graph_with_a_free_scalar(tmp_path):
+    """A recording per value, and on an H100 the first recording on the serving thread failed (background mode)."""
+    model = _Denoiser().eval()
+    recorder = GraphRecorder(model)
+    with torch.no_grad():
+        for t in (999, 949):
+            x = torch.randn(2, 8)
+            recorder.record((x, t), {}, model(x, t))
+    spec = recorder.graph_specs[0]
+    backend = TorchInductorBackend(TorchInductorBackendConfig(mode="reduce-overhead"))
+    with pytest.raises(BackendBuildError, match="CUDA graphs record one graph per value of t"):
+        backend.build(model, spec, recorder.samples(spec), torch.device("cuda"), tmp_path)

@@ -10,7 +10,7 @@ Build
     (`ConstraintViolationError`), the build retries once with `maybe_mark_dynamic`. `dynamic=False` disables marking
     (always specialize). An int / float argument whose value varies between the graph's calls (`free_scalars`)
     compiles twice, as a constant then as a symbol; a third value compiling again fails the build
-    (`scalar_specialization`).
+    (`scalar_specialization`). CUDA-graph modes refuse such a graph (a recording per value).
 
 Inference
     Runs the compiled module (inside `torch.autocast` when enabled; floating outputs are cast back to the original
@@ -346,6 +346,10 @@ class TorchInductorBackend(Backend):
             raise ValueError("CUDA graphs replay into buffers of their own, and this module's calls change their "
                              "arguments or return an object holding tensors (a KV cache): those tensors would be "
                              "overwritten by the next replay, and a growing cache is a new graph per size")
+        if self._cudagraphs and graph_spec.free_scalars():
+            raise ValueError(f"CUDA graphs record one graph per value of {', '.join(graph_spec.free_scalars())}, "
+                             "whose value changes between calls (a free scalar): on an H100 a UNet served this way "
+                             "in the background failed in the serving thread's first recording (AssertionError)")
         if self._cudagraphs and varying is not None:
             raise ValueError(f"CUDA graphs record one graph per size, and {varying}: a graph this backend would "
                              "serve by recording again and again (on an H100, BERT at lengths 32..128 ran 2.4x "
