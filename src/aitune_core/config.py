@@ -15,6 +15,9 @@ Options:
   or float whose value changes between otherwise equal calls (`m(x, t=999)`, `m(x, t=979)`): that one becomes a
   free scalar of one graph (`aitune_core.specs.free_scalars`); when False only the structure and the tensors
   (rank, dtype) decide.
+- `free_scalars` (bool, default True): in strict mode, an int or float whose value changes between otherwise equal
+  calls joins one graph as a free scalar. False: every value is a graph of its own, as before free scalars (for a
+  flat-graph backend - ONNX Runtime, TensorRT - that bakes each value in, with few values).
 - `max_num_samples_stored` (int >= 1, default 8): samples kept per graph; the store keeps the calls
   at the shape extremes so min and max shapes can be validated.
 - `max_num_graphs` (int >= 1, default 32): graphs recorded per module. In strict mode a non-tensor argument
@@ -117,6 +120,7 @@ def _validated(name: str, validator: Callable[[str, Any], Any], value: Any) -> A
 # name -> (validator, default factory)
 _OPTIONS: dict[str, tuple[Callable[[str, Any], Any], Callable[[], Any]]] = {
     "strict_mode": (_bool, lambda: True),
+    "free_scalars": (_bool, lambda: True),
     "max_num_samples_stored": (_positive_int, lambda: 8),
     "max_num_graphs": (_positive_int, lambda: 32),
     "cache_dir": (_path, default_cache_dir),
@@ -133,6 +137,7 @@ class TuneConfig:
     """Validated tuning options; see the module docstring for each option."""
 
     strict_mode: bool
+    free_scalars: bool
     max_num_samples_stored: int
     max_num_graphs: int
     cache_dir: Path

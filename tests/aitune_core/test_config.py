@@ -29,6 +29,7 @@ def test_cache_dir_from_env(monkeypatch, tmp_path):
     [
         ("strict_mode", 1, "must be a bool"),
         ("strict_mode", "yes", "must be a bool"),
+        ("free_scalars", "no", "must be a bool"),
         ("max_num_samples_stored", 0, ">= 1"),
         ("max_num_samples_stored", 2.5, "must be an int"),
         ("max_num_samples_stored", True, "must be an int"),

@@ -93,6 +93,17 @@ def test_a_call_differing_only_in_int_or_float_values_joins_the_graph_as_free_sc
     assert rec.graph_spec("2").free_scalars() == []
 
 
+def test_with_free_scalars_off_every_value_is_a_graph_of_its_own():
+    net = Net()
+    with config.override(free_scalars=False):
+        rec = GraphRecorder(net)
+    assert config.free_scalars is True  # (read when the recorder was made)
+    for step in (10, 20, 10):
+        _record(rec, net, torch.randn(2, 4), scale=step)
+    assert [s.name for s in rec.graph_specs] == ["0", "1"] and rec.num_samples("0") == 2
+    assert not rec.graph_specs[0].accepts((torch.randn(2, 4),), {"scale": 30})
+
+
 def test_free_scalars_survive_json_and_never_match_a_flat_export():
     from aitune_core.backends.onnx_export import check_flat_graph
     from aitune_core.errors import BackendBuildError

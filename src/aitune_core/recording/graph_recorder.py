@@ -70,6 +70,8 @@ class GraphRecorder:
     Args:
         forward: the module (its `forward` is used) or the callable whose signature binds the calls.
         strict: graph identity includes non-tensor values; default `config.strict_mode` (read now).
+        free_scalars: in strict mode, calls that differ only in int / float values join one graph
+            (`free_scalars`); default `config.free_scalars` (read now).
         max_samples: samples kept per graph; default `config.max_num_samples_stored` (read now).
         max_graphs: graphs recorded at most; calls of further graphs are not recorded (`record` returns None,
             with one warning); default `config.max_num_graphs` (read now).
@@ -81,12 +83,14 @@ class GraphRecorder:
         forward: Callable[..., Any],
         *,
         strict: bool | None = None,
+        free_scalars: bool | None = None,
         max_samples: int | None = None,
         max_graphs: int | None = None,
         name: str | None = None,
     ) -> None:
         self.binder = Binder.from_callable(forward)
         self.strict = config.strict_mode if strict is None else bool(strict)
+        self.joins_scalars = self.strict and (config.free_scalars if free_scalars is None else bool(free_scalars))
         self.max_samples = config.max_num_samples_stored if max_samples is None else int(max_samples)
         if self.max_samples < 1:
             raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
@@ -149,7 +153,8 @@ class GraphRecorder:
             self._total_calls += 1
             state = self._graphs.get(identity)
             if state is None:
-                loose = (binder, *loose_identity(in_values, in_treedef), autocast, device) if self.strict else None
+                loose = ((binder, *loose_identity(in_values, in_treedef), autocast, device) if self.joins_scalars
+                         else None)
                 state = self._joined(loose, in_values)
             if state is None:
                 if len(self._graphs) >= self.max_graphs:
@@ -310,7 +315,7 @@ class GraphRecorder:
             values, treedef = flatten_values(bound)
             thread_state = (current_autocast(), current_default_device())
             state = self._graphs.get((binder, *call_identity(values, treedef, self.strict), *thread_state))
-            if state is None and self.strict:
+            if state is None and self.joins_scalars:
                 state = self._loose.get((binder, *loose_identity(values, treedef), *thread_state))
         except Exception:
             return False
