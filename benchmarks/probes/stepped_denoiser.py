@@ -23,7 +23,8 @@ steps against the plain UNet on the same inputs (relative to the largest plain v
     OMP_NUM_THREADS=2 python -m benchmarks.probes.stepped_denoiser --base .ab/base
 
 Results: a table on stdout and a JSON file (benchmarks/results/local/ unless `--out` names one), with the
-environment header of benchmarks/common.py.
+environment header of benchmarks/common.py and the `AITUNE_*` variables the contenders ran under (e.g.
+`AITUNE_WORKER_YIELD_MS=0`: the background job does not step aside).
 """
 
 from __future__ import annotations
@@ -185,8 +186,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="aitune-stepped-") as folder:
         rows = [_contender(contender, args, folder) for contender in contenders]
     _table(rows, header, args.steps)
+    aitune_env = {name: value for name, value in os.environ.items() if name.startswith("AITUNE_")}
     common.write_result(common.result_path(header, f"{args.steps}steps", out=args.out),
-                        {**header, "steps": args.steps, "batch": args.batch, "rounds": args.rounds, "rows": rows})
+                        {**header, "steps": args.steps, "batch": args.batch, "rounds": args.rounds,
+                         "aitune_env": aitune_env, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -40,3 +40,15 @@ def test_jit_base_without_a_tree_is_refused(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["stepped_denoiser", "--contenders", "jit-base"])
     with pytest.raises(SystemExit):
         probe.main()
+
+
+def test_the_result_names_the_aitune_variables_the_contenders_ran_under(monkeypatch, tmp_path):
+    import json
+
+    out = tmp_path / "result.json"
+    monkeypatch.setenv("AITUNE_WORKER_YIELD_MS", "0")
+    monkeypatch.setattr(probe, "_contender", lambda contender, args, folder: {"contender": contender, "rounds": 1})
+    monkeypatch.setattr(sys, "argv", ["stepped_denoiser", "--contenders", "eager", "--out", str(out)])
+    probe.main()
+    document = json.loads(out.read_text())
+    assert document["aitune_env"]["AITUNE_WORKER_YIELD_MS"] == "0" and document["rows"][0]["contender"] == "eager"
