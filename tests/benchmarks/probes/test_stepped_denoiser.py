@@ -52,3 +52,22 @@ def test_the_result_names_the_aitune_variables_the_contenders_ran_under(monkeypa
     probe.main()
     document = json.loads(out.read_text())
     assert document["aitune_env"]["AITUNE_WORKER_YIELD_MS"] == "0" and document["rows"][0]["contender"] == "eager"
+
+
+@pytest.mark.heavy
+def test_the_jit_tunes_an_int_step_unet_loop_as_one_graph_with_two_compiles(tmp_path):
+    """A real diffusers UNet called with Python int steps, blocking tuning: one graph (before free scalars: one per
+    step), two dynamo compiles, the plain answers."""
+    import json
+    import os
+
+    env = {**os.environ, "AUTOWRAPT_BOOTSTRAP": "aitune_enable_jit_tuning", "AITUNE_JIT_BLOCKING": "1",
+           "AITUNE_JIT_CACHE_DIR": str(tmp_path / "cache"), "AITUNE_JIT_MIN_SPEEDUP": "1.0", "OMP_NUM_THREADS": "2"}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.probes.stepped_denoiser", "--serve", "jit", "--rounds",
+                           "3", "--steps", "5", "--batch", "2"], cwd=probe.common.REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    rows = [line for line in done.stdout.splitlines() if line.startswith("ROW ")]
+    assert done.returncode == 0 and rows, done.stderr[-3000:]
+    row = json.loads(rows[-1][4:])
+    assert row["state_at_end"] == "tuned" and row["graphs_recorded"] == 1 and row["dynamo_graphs"] == 2, row
+    assert row["max_rel_err_last_round"] < 1e-4, row
