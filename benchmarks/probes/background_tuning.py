@@ -21,7 +21,7 @@ For each workload, fresh processes serve a fixed request stream (one request eve
 - `jit-warm-noprefetch`: as `jit-warm` with `AITUNE_WORKER_PREFETCH=off` (torch's compiler is not imported in
   the background while the script builds its model: `aitune_jit/compiler_prefetch.py`);
 - `jit-warm-gated` / `jit-warm-free`: as `jit-warm` with `AITUNE_WORKER_YIELD_WARM=on` / `off` (the warm rebuild
-  steps aside for requests / does not: `worker_yield.running_freely`; by default it does on a GPU, not on the CPU);
+  steps aside for requests / does not: `warm_rebuild_gate.running_freely`; by default it does on a GPU, not on the CPU);
 - `jit-warm-rebuild`: as `jit-warm` with `AITUNE_WORKER_PACKAGE=off`: the decided backend is rebuilt, no
   package is loaded (with `--packages on`, the warm start from a package against the rebuild it replaces);
 - `jit-blocking`: `AITUNE_JIT_BLOCKING=1`, for the steady state of the old behaviour;

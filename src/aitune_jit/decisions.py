@@ -30,8 +30,8 @@ from aitune_core.specs.replay_state import describe_replay_state
 from aitune_jit.config import jit_config
 from aitune_jit.node_registry import registry
 from aitune_jit.outcome import TuningOutcome
+from aitune_jit.warm_rebuild_gate import running_freely
 from aitune_jit.worker import abandoned
-from aitune_jit.worker_yield import running_freely
 
 if TYPE_CHECKING:
     import torch

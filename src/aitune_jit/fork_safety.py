@@ -18,7 +18,7 @@ left that module registered twice, and every later compile of the process failed
   job was initializing (an operator's first call), 1 fork in about 25 of
   `tests/aitune_jit/scripts/fork_while_tuning.py` under load on this CPU. The parked jobs go on after the fork.
   A job without a gate (`AITUNE_WORKER_YIELD_MS=0`, a traced thread, a warm rebuild on the CPU:
-  `worker_yield.running_freely`, and the set-up before its gate is on) is only waited for until it is outside any
+  `warm_rebuild_gate.running_freely`, and the set-up before its gate is on) is only waited for until it is outside any
   import; one seen waiting in the standard library's code may return into its own code and call an operator
   before the fork happens;
 - in the child: dynamo's compile lock, if a thread that does not exist there holds it, is replaced by a fresh one

@@ -51,9 +51,9 @@ from aitune_jit import decisions
 from aitune_jit.config import jit_config
 from aitune_jit.node_registry import registry
 from aitune_jit.outcome import OutcomeDraft, TuningOutcome, Verdict, release_backend
+from aitune_jit.warm_rebuild_gate import running_freely
 from aitune_jit.worker import abandoned
 from aitune_jit.worker_env import env_choice
-from aitune_jit.worker_yield import running_freely
 
 if TYPE_CHECKING:
     import torch

@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from aitune_core.timed_section import timing_now
-from aitune_jit import park_spots, py_start_gate
+from aitune_jit import cancel_spots, park_spots, py_start_gate
 from aitune_jit.worker_env import env_choice, env_number
 
 _logger = logging.getLogger("aitune.jit")
@@ -207,10 +207,10 @@ class _StepAside:
     def check(self, at_call: bool = True, code: Any = None) -> None:
         """`at_call`: the thread is starting a Python function (a profile function also sees C calls and
         returns, where a cancel must not be raised: after a C `acquire`, say, it would leak the lock); `code`:
-        that function's code, where a cancel is not raised if it releases what was taken (`may_cancel_in`)."""
+        that function's code, where a cancel is not raised if it releases what was taken (`cancel_spots`)."""
         if not self.active:
             return
-        raising = at_call and may_cancel_in(code)
+        raising = at_call and cancel_spots.may_cancel_in(code)
         if raising and self.cancel_with is not None and not self.paused_by():
             self._raise_cancel()
         if _forking and at_call:
@@ -311,24 +311,6 @@ class _StepAside:
                 _parked.discard(self.ident)
 
 
-#: functions where a cancel raised at their start would leave what the caller took held: a context manager's
-#: exit, a lock's release (importlib's module locks, `threading`'s conditions, `logging`'s handlers)
-_RELEASING = frozenset({"__exit__", "__aexit__", "release", "_release_save", "_acquire_restore", "__del__"})
-_RELEASING_FILES = ("threading.py", "/logging/__init__.py")
-
-
-def may_cancel_in(code: Any) -> bool:
-    """Whether a cancel may be raised as the function of `code` starts: not in `_RELEASING` functions, nor in
-    frozen importlib, `threading` or `logging` (a module lock released by `_ModuleLockManager.__exit__` was left
-    held when the cancel was raised at that exit's start, and the program's own import of the module at exit
-    waited for good). The cancel is raised at the next function start that may raise it."""
-    if code is None:
-        return True
-    filename = code.co_filename
-    return (code.co_name not in _RELEASING and not filename.startswith("<frozen ")
-            and not filename.endswith(_RELEASING_FILES))
-
-
 def _on_function_start(code: Any, offset: int) -> None:
     """The monitoring callback, on every thread: only a job thread, and only while a request runs (or its job is
     being cancelled), goes further."""
@@ -415,32 +397,9 @@ def _gated(gate: _StepAside, ident: int) -> Iterator[_StepAside | None]:
             _log(gate)
 
 
-@contextlib.contextmanager
-def running_freely(device_type: str) -> Iterator[None]:
-    """The current job does not step aside inside the block when `warm_rebuilds_step_aside(device_type)` says so:
-    for the rebuild of a decision another process took, or the load of its package, from warm caches in the
-    common case (`decisions.reuse`, `packaging.warm_starts`).
-
-    Why on the CPU only, by default: such a job is short, and the gate makes it longer. On this project's 2-core
-    CPU (Python 3.11, where the gate is a trace function that puts the job's thread in the interpreter's slow
-    mode) the warm process of `tests/aitune_jit/scripts/serve_loop.py` was tuned 4.3-5.2 s after its first request
-    with the gate and 2.7-3.0 s without it, its slowest request 23-42 ms against 23-47 ms (eager about 10 ms).
-    On an H100 (Python 3.12, the monitoring gate; `background_tuning-h100-resnet50-bert-mixed-warmfree-65924aa`)
-    the warm BERT-base rebuild took 10.6 s without the gate against 17.7 s with it, but the p99 of the requests
-    served meanwhile was 211 ms against 70 ms (eager 21 ms), and ResNet-50's 170 ms (eager 9 ms): GPU requests
-    launch their kernels under the GIL, and the rebuild's own CUDA work shares the device."""
-    gate = getattr(_here, "gate", None)
-    if gate is None or warm_rebuilds_step_aside(device_type):
-        yield
-        return
-    with gate.off():
-        yield
-
-
-def warm_rebuilds_step_aside(device_type: str) -> bool:
-    """`AITUNE_WORKER_YIELD_WARM`: auto (default: not on the CPU, `running_freely`), on (always) or off (never)."""
-    choice = env_choice("AITUNE_WORKER_YIELD_WARM", ("auto", "on", "off"), "auto")
-    return choice == "on" or (choice == "auto" and device_type != "cpu")
+def current_gate() -> _StepAside | None:
+    """The calling job thread's gate while it is installed (`steps_aside`), else None."""
+    return getattr(_here, "gate", None)
 
 
 def stand_down_monitoring() -> None:

@@ -63,9 +63,9 @@ def test_serving_loop_tunes_in_the_background_and_a_second_process_reuses_the_ca
           f"({ratio:.0%}); slowest request {first['slowest_s']:.3f}s / {second['slowest_s']:.3f}s")
     # The bound. On this 2-core machine (Python 3.11) a warm process needs about 2.7-3 s whatever the first
     # one spent (Inductor's import, dynamo's trace, loading Inductor's cached code), against 20-22 s cold: 13-14 %.
-    # Its rebuild does not step aside for requests (`worker_yield.running_freely`); when it did, it needed 4.3-5.2 s
-    # (20-23 %) and failed this bound in CI. Noise only ever adds time, so a warm process over the bound gets one
-    # more try and the faster of the two is compared; a real regression fails both.
+    # Its rebuild does not step aside for requests (`warm_rebuild_gate.running_freely`); when it did, it needed
+    # 4.3-5.2 s (20-23 %) and failed this bound in CI. Noise only ever adds time, so a warm process over the bound
+    # gets one more try and the faster of the two is compared; a real regression fails both.
     assert ratio <= BOUND, (first["time_to_tuned_s"], warm)
 
     for entry in (cache / "decisions").glob("*.json"):  # a writer killed mid-file, as it would look without

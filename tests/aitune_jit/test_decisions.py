@@ -49,7 +49,7 @@ def test_identical_siblings_are_tuned_once_and_reuse_the_decision():
 
 
 def _count_free_rebuilds(monkeypatch) -> list[int]:
-    """Counts the rebuilds that `decisions.reuse` runs with the job's gate off (`worker_yield.running_freely`)."""
+    """Counts the rebuilds that `decisions.reuse` runs with the job's gate off (`warm_rebuild_gate.running_freely`)."""
     entered = []
 
     @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""aitune_jit/worker_yield.py, `running_freely`: a job rebuilding a decision from the cache folder does not step
+"""aitune_jit/warm_rebuild_gate.py, `running_freely`: a job rebuilding a decision from the cache folder does not step
 aside inside the block, gets its gate back after it, and keeps it when `AITUNE_WORKER_YIELD_WARM=on`. Runs under
 a Python without torch too, like test_worker_yield.py."""
 
@@ -11,7 +11,7 @@ import time
 import pytest
 from test_worker_yield import _finish, _Job, _start, _tick, mechanism  # noqa: F401 (mechanism: a fixture)
 
-from aitune_jit import py_start_gate
+from aitune_jit import py_start_gate, warm_rebuild_gate
 from aitune_jit import worker_yield as wy
 
 
@@ -31,7 +31,7 @@ class _FreeJob(_Job):
             self.gate = gate
             self.started_gate.set()
             assert self.go_free.wait(5)
-            with wy.running_freely(self.device_type):
+            with warm_rebuild_gate.running_freely(self.device_type):
                 self.seen["inside"] = (gate.active, sys.gettrace(), sys.getprofile(), py_start_gate.installed())
                 self.inside.set()
                 while not self.leave.is_set():
@@ -96,7 +96,7 @@ def test_warm_rebuilds_step_aside_on_a_gpu_or_when_asked(monkeypatch, choice, de
 
 
 def test_running_freely_outside_a_job_is_a_no_op():
-    with wy.running_freely("cpu"):
+    with warm_rebuild_gate.running_freely("cpu"):
         assert sys.gettrace() is None
 
 
@@ -110,7 +110,7 @@ def test_a_tracer_that_came_while_the_gate_was_off_is_left_alone(monkeypatch):
 
     with wy.steps_aside() as gate:
         assert sys.gettrace() is gate
-        with wy.running_freely("cpu"):
+        with warm_rebuild_gate.running_freely("cpu"):
             assert sys.gettrace() is None
             sys.settrace(tool)
         assert sys.gettrace() is tool and not gate.active  # (the gate could not go back on)

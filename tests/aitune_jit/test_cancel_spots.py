@@ -1,0 +1,36 @@
+"""aitune_jit/cancel_spots.py: the functions where a job's cancel must not be raised."""
+
+from __future__ import annotations
+
+import threading
+
+from aitune_jit.cancel_spots import may_cancel_in
+
+
+class _Held:
+    """A context manager whose exit releases a lock."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> _Held:
+        self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def _tick() -> None:
+    pass
+
+
+def test_frozen_importlib_threading_and_logging_are_never_where_a_cancel_lands():
+    import importlib._bootstrap as bootstrap
+    import logging
+
+    assert not may_cancel_in(bootstrap._ModuleLockManager.__exit__.__code__)
+    assert not may_cancel_in(threading.Condition.wait.__code__)
+    assert not may_cancel_in(logging.Handler.release.__code__)
+    assert not may_cancel_in(_Held.__exit__.__code__)
+    assert may_cancel_in(_tick.__code__) and may_cancel_in(None)
