@@ -7,9 +7,11 @@ function starts only and leaves the rest of the interpreter as it is.
 
 Monitoring events are process-wide: every thread's function starts reach the callback while it is installed,
 so the callback must return at once on threads that are not gated (`worker_yield._on_function_start` does).
-Jobs on several devices may run at once; the first `acquire` installs the callback and the last `release`
-removes it. The callback takes a tool id that debuggers, coverage and profilers leave free (3 or 4); when
-both are taken, or on an older Python, `acquire` returns False and the caller uses its fallback.
+A callback may return `DISABLE` to hear no more of one function start (a job's free run, `worker_yield`), and
+`restart` brings them all back. Jobs on several devices may run at once; the first `acquire` installs the
+callback and the last `release` removes it. The callback takes a tool id that debuggers, coverage and profilers
+leave free (3 or 4); when both are taken, or on an older Python, `acquire` returns False and the caller uses its
+fallback.
 """
 
 from __future__ import annotations
@@ -88,6 +90,38 @@ def remove() -> None:
     release()
 
 
+#: what the callback returns to have no more calls from the function start it was called at (until `restart`)
+DISABLE = getattr(getattr(sys, "monitoring", None), "DISABLE", None)
+
+
+def restart() -> None:
+    """Have the callback called again at every function start where it returned `DISABLE`. Python's
+    `restart_events` does this for every tool: a tool that had disabled events of its own (coverage) gets them
+    again, once, and disables them again."""
+    if available():
+        sys.monitoring.restart_events()
+
+
+#: a job's free run (`worker_yield`) until then: the callback returns `DISABLE` at the function starts it hears
+muted_until = 0.0
+
+
+def mute(until: float) -> None:
+    """Until `until` the callback asks to hear no more of each function start it is at (`muted_until`); the
+    first request, cancel or fork after it, or the first function start the callback still hears after it,
+    calls `unmute`."""
+    global muted_until
+    muted_until = until
+
+
+def unmute() -> None:
+    """End a free run now: every disabled function start is heard again (`restart`)."""
+    global muted_until
+    if muted_until:
+        muted_until = 0.0
+        restart()
+
+
 def installed() -> bool:
     """True while the callback is installed."""
     return _users > 0
@@ -112,6 +146,7 @@ def _after_fork_in_child() -> None:
     fork is held by no thread here, so it is made anew first."""
     global _lock
     _lock = threading.Lock()
+    unmute()
     remove()
 
 

@@ -63,6 +63,8 @@ from aitune_jit.job_cancel import (
     release_held_locks,
     rest_forever,
 )
+from aitune_jit.node_registry import registry
+from aitune_jit.program_gaps import FREE_RUN_S, SATURATED_AFTER_S, USABLE_GAP_S
 from aitune_jit.tuning_order import expected_gain, pick_next
 from aitune_jit.worker_compile_process import compiles_in_subprocess
 from aitune_jit.worker_courtesy import courteous
@@ -231,6 +233,7 @@ class TuningWorker:
             with (job_rng.on_job_thread(), gate as job.gate, training_switch.watching(node.module, job),
                   _own_stream(node), courteous(), compiles_in_subprocess()):
                 self._run(node)  # the runner bypasses the hook and turns gradients off for this thread
+            _say_free_runs(node, job.gate)
         except Exception:  # the runner reports its own failures; this is the last line of defence
             _logger.debug("tuning job of %s failed", job.path, exc_info=True)
         except training_switch.TrainingSwitched:
@@ -243,6 +246,14 @@ class TuningWorker:
             _live_jobs.discard(job)
             job.finished.set()
             _rest_at_exit()
+
+
+def _say_free_runs(node: TuningNode, gate: Any) -> None:
+    """One history line when the job stopped stepping aside because the program left it no gap (`program_gaps`)."""
+    if gate is not None and gate.free_runs:
+        registry.log(f"{node.short}: its calls came back to back (no gap of {USABLE_GAP_S * 1e3:g} ms for "
+                     f"{SATURATED_AFTER_S:g} s), so its job ran without stepping aside {gate.free_runs} time(s), "
+                     f"{FREE_RUN_S:g} s each")
 
 
 def _keeps_running() -> bool:

@@ -14,8 +14,9 @@ runs (`jobs_stepping_aside`): a tuned node is on the fast path, and a job re-tun
 otherwise run through its requests. While a job runs, its thread has a gate that, at each
 Python function call while a request is in flight, waits until no request is (the job resumes at once when the
 last one ends). A job is never starved: a wait that lasts `max_wait_s()` is followed by `RUN_SLICE_S` of
-running regardless, so a saturated server still tunes. A job holding a lock a request needs is released the
-same way. Timed calls are not paused (`aitune_core.timed_section`), nor is a job capturing a CUDA graph
+running regardless, and a job that sees no gap between requests for a second runs freely for a while
+(`program_gaps`: a loop that calls the model back to back). A job holding a lock a request needs is released
+the same way. Timed calls are not paused (`aitune_core.timed_section`), nor is a job capturing a CUDA graph
 (the `paused_by` check that `steps_aside` is given).
 
 Where the gate sits:
@@ -29,11 +30,9 @@ Where the gate sits:
   calls and returns as well.
 - A thread that is already traced or profiled (a debugger, coverage) is left alone: that job does not step aside.
 
-The difference is large: the warm build of ResNet-50 (blocking, `scratch` measurement on the H100, Python
-3.12, two runs each) took 7.3 and 9.8 s with no gate, 13.5 and 21.0 s under the profile function, and 9.7 and
-10.2 s under the monitoring callback. On this CPU (3.11, `benchmarks/probes/step_aside_cost.py`, three warm
-TinyResNet jobs each, interleaved) the trace function made the job 1.33x slower than no gate and the profile
-function 1.55x.
+The warm build of ResNet-50 (blocking, H100, Python 3.12, two runs each) took 7.3-9.8 s with no gate,
+13.5-21.0 s under the profile function and 9.7-10.2 s under the monitoring callback; on this CPU (3.11,
+`benchmarks/probes/step_aside_cost.py`) the trace function made a job 1.33x slower, the profile function 1.55x.
 
 The gate is also where a job waits for a fork (`fork_begins`, used by `fork_safety`): at a function start, the
 job thread is not inside the C++ code of an operator it called, so it holds no static being initialized there nor
@@ -57,7 +56,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from aitune_core.timed_section import timing_now
-from aitune_jit import cancel_spots, park_spots, py_start_gate
+from aitune_jit import cancel_spots, park_spots, program_gaps, py_start_gate
 from aitune_jit.worker_env import env_choice, env_number
 
 _logger = logging.getLogger("aitune.jit")
@@ -88,6 +87,11 @@ _installed: set[int] = set()  # threads whose gate is on now (either mechanism)
 def request_started() -> None:
     global _inflight
     with _cond:
+        if not _inflight and _jobs:
+            now = time.monotonic()
+            program_gaps.requests_resumed(now)
+            if py_start_gate.muted_until and now >= py_start_gate.muted_until:
+                py_start_gate.unmute()
         _inflight += 1
 
 
@@ -97,6 +101,8 @@ def request_finished() -> None:
         _inflight -= 1
         if _inflight <= 0:
             _inflight = 0
+            if _jobs:
+                program_gaps.requests_ended(time.monotonic())
             if _waiting:
                 _cond.notify_all()
 
@@ -121,6 +127,9 @@ def gate_choice() -> str:
     return env_choice("AITUNE_WORKER_YIELD_GATE", ("monitoring", "trace", "profile"), "monitoring")
 
 
+_clock = time.monotonic  # (one global lookup in the gate's fast path, which runs at every call of the job's thread)
+
+
 def _never() -> bool:
     return False
 
@@ -141,6 +150,8 @@ class _StepAside:
         self.streak_waited_s = 0.0  # waited in the current streak (`_wait`)
         self.last_wait_end = 0.0
         self.slices = 0  # slices run while requests were in flight
+        self.gated_since = 0.0  # when the gate last began to step aside (installed, or a free run ended)
+        self.free_runs = 0  # free runs while the program left no gap (`_saturated`)
         self.active = False  # installed (between `_gated`'s start and end)
         self.cancel_with: type[BaseException] | None = None
         self.cancel_raised = False  # a cancel was raised here: the thread is unwinding
@@ -152,6 +163,7 @@ class _StepAside:
         a tool id is free, else the trace or profile function. False when the thread is already traced or profiled
         (a debugger, coverage): that job does not step aside."""
         self.ident = ident
+        self.gated_since = time.monotonic()
         if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
             self.mechanism = "monitoring"
             _gates[ident] = self
@@ -175,6 +187,7 @@ class _StepAside:
             try:
                 _deactivate(self)
             finally:
+                py_start_gate.unmute()  # (a later job's callback must hear every function start)
                 py_start_gate.release()
             return
         self._functions()[1](None)
@@ -201,7 +214,7 @@ class _StepAside:
         return (sys.getprofile, sys.setprofile) if self.mechanism == "profile" else (sys.gettrace, sys.settrace)
 
     def __call__(self, frame: Any, event: str, arg: Any) -> None:
-        if _inflight or _cancelling or _forking:
+        if _cancelling or _forking or (_inflight and _clock() >= self.free_until):
             self.check(event == "call", frame.f_code)
 
     def check(self, at_call: bool = True, code: Any = None) -> None:
@@ -219,6 +232,8 @@ class _StepAside:
             return
         if (self.free_until and time.monotonic() < self.free_until) or timing_now() or self.paused_by():
             return  # (a paused capture would hold up every device synchronization of the requests)
+        if self._saturated():
+            return
         self._wait()
         if _forking and at_call:  # (the wait ends when a fork begins: park before the function's body runs)
             self._park()
@@ -244,6 +259,7 @@ class _StepAside:
         finally:
             if held:
                 _lock.release()
+        py_start_gate.unmute()  # (a free run's disabled function starts would not hear the cancel)
         return True
 
     def _raise_cancel(self) -> None:
@@ -267,21 +283,41 @@ class _StepAside:
                 _lock.release()
         return exc_type
 
+    def _saturated(self) -> bool:
+        """The program left no usable gap for `SATURATED_AFTER_S` while the job stepped aside (`program_gaps`):
+        the job runs freely for `FREE_RUN_S`, then steps aside and looks again."""
+        now = time.monotonic()
+        since = now - program_gaps.SATURATED_AFTER_S
+        if self.gated_since > since or not program_gaps.left_no_gap(since, now):
+            return False
+        self.free_until = self.gated_since = now + program_gaps.FREE_RUN_S
+        self.free_runs += 1
+        if self.mechanism == "monitoring":
+            py_start_gate.mute(self.free_until)
+        return True
+
     def _wait(self) -> None:
-        """Wait until no request is in flight, at most `max_wait`; then run `RUN_SLICE_S` regardless once the
-        waits of one streak add up to `max_wait`. A streak is the waits with less than `RUN_SLICE_S` of running
-        between them: a `generate()` loop (one request per decoding step, a gap of microseconds between two) ends
-        every wait idle, and counting each wait alone left the job the gaps only: on this project's CPU a tiny
-        LLaMA under a continuous generation loop was still tuning after 60 s (25 s when tuned blocking)."""
+        """Wait until no request is in flight, at most `max_wait`, or until the program is found saturated
+        (`_saturated`); then run `RUN_SLICE_S` regardless once the waits of one streak add up to `max_wait`. A
+        streak is the waits with less than `RUN_SLICE_S` of running between them: a `generate()` loop ends every
+        wait idle in a gap of microseconds, and counting each wait alone left the job those gaps only."""
         global _waiting
         begin = time.monotonic()
         if begin - self.last_wait_end >= RUN_SLICE_S:  # (it ran a slice's worth since: a new streak)
             self.streak_waited_s = 0.0
+        saturated = False
+
+        def woken() -> bool:  # (looked at again as each request ends: `request_finished` notifies)
+            nonlocal saturated
+            if _inflight == 0 or self.cancel_with is not None or _forking:
+                return True
+            saturated = self._saturated()
+            return saturated
+
         with _cond:
             _waiting += 1
             try:
-                idle = _cond.wait_for(lambda: _inflight == 0 or self.cancel_with is not None or _forking,
-                                      max(self.max_wait - self.streak_waited_s, 0.0))
+                idle = _cond.wait_for(woken, max(self.max_wait - self.streak_waited_s, 0.0))
             finally:
                 _waiting -= 1
         now = time.monotonic()
@@ -289,12 +325,13 @@ class _StepAside:
         self.waited_s += now - begin
         self.streak_waited_s += now - begin
         self.last_wait_end = now
-        if idle and self.streak_waited_s < self.max_wait:
+        if saturated:  # (`_saturated` set the free run)
+            self.streak_waited_s = 0.0
+        elif idle and self.streak_waited_s < self.max_wait:
             self.free_until = 0.0
         else:
             self.free_until, self.streak_waited_s = now + RUN_SLICE_S, 0.0
             self.slices += 1
-
 
     def _park(self) -> None:
         """Wait here while a fork is under way (`fork_begins`), unless this spot may hold a lock of the standard
@@ -311,9 +348,14 @@ class _StepAside:
                 _parked.discard(self.ident)
 
 
-def _on_function_start(code: Any, offset: int) -> None:
+def _on_function_start(code: Any, offset: int) -> Any:
     """The monitoring callback, on every thread: only a job thread, and only while a request runs (or its job is
-    being cancelled), goes further."""
+    being cancelled), goes further. During a free run it asks to hear no more of the function start it is at
+    (`py_start_gate.mute`): what the callback costs every thread's calls, and the job's most of all, goes too."""
+    if py_start_gate.muted_until and not (_cancelling or _forking):
+        if _clock() < py_start_gate.muted_until:
+            return py_start_gate.DISABLE
+        py_start_gate.unmute()
     if _inflight or _cancelling or _forking:
         gate = _gates.get(threading.get_ident())
         if gate is not None:
@@ -331,6 +373,7 @@ def fork_begins() -> None:
         _forking += 1
         _park_until = max(_park_until, time.monotonic() + PARK_LIMIT_S)
         _cond.notify_all()  # (a gate waiting for requests to end parks now)
+    py_start_gate.unmute()
 
 
 def gate_of(ident: int | None) -> str | None:
@@ -372,6 +415,8 @@ def steps_aside(paused_by: Callable[[], bool] = _never) -> Iterator[_StepAside |
 def _counted_job() -> Iterator[None]:
     global _jobs
     with _cond:
+        if not _jobs:
+            program_gaps.watch(time.monotonic(), idle=not _inflight)
         _jobs += 1
     try:
         yield
@@ -416,6 +461,7 @@ def stand_down_monitoring() -> None:
     _gates.clear()
     for gate in gates:
         _deactivate(gate)
+    py_start_gate.unmute()
     py_start_gate.remove()
 
 
@@ -427,9 +473,10 @@ def _deactivate(gate: _StepAside) -> None:
 
 
 def _log(gate: _StepAside) -> None:
-    if gate.waits or gate.off_s:
-        _logger.debug("tuning job stepped aside %d times for requests, %.2fs in all (%s gate; off for %.2fs)",
-                      gate.waits, gate.waited_s, gate.mechanism, gate.off_s)
+    if gate.waits or gate.off_s or gate.free_runs:
+        _logger.debug("tuning job stepped aside %d times for requests, %.2fs in all (%s gate; off for %.2fs; "
+                      "ran freely %d times while the program left no gap)",
+                      gate.waits, gate.waited_s, gate.mechanism, gate.off_s, gate.free_runs)
 
 
 def _after_fork_in_child() -> None:

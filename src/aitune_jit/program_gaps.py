@@ -1,0 +1,66 @@
+"""Whether the program leaves a tuning job any gap between its requests: a loop that calls the model back to
+back does not, and a job that steps aside for it is starved.
+
+Why: a background job steps aside while a request is in flight (`worker_yield`). A sampling loop (a diffusion
+loop, a `generate()` loop) always has one, so its job gets only the slices its waits allow, and each wait that
+ends in one of the loop's microsecond gaps wakes the job for nothing and hands the interpreter back and forth.
+Measured on this project's 2-core CPU (a tiny diffusers `UNet2DModel` called 20 times a round with an int step,
+`benchmarks/probes/stepped_denoiser.py`): with stepping aside the job ran 28 % of the time and was not done after
+150 s, while the loop's rounds took 530-750 ms (eager: 280 ms); with no stepping aside (`AITUNE_WORKER_YIELD_MS=0`)
+it was tuned after 59-78 s and the rounds took 270-480 ms meanwhile. Stepping aside protects the requests of a
+program that has idle time; a program with none is slowed by the job either way, and waiting only makes that
+last longer and keeps its speed-up away.
+
+So the job asks `left_no_gap(since, now)`: true when no gap of at least `USABLE_GAP_S` between two requests ended
+after `since`, none is open now, and at least `BACK_TO_BACK` requests followed each other since the last one (a
+single long request is not a loop: the job's slices during it are `worker_yield`'s streaks). The job takes the
+program for saturated when that holds for `SATURATED_AFTER_S` of stepping aside, runs freely for `FREE_RUN_S`,
+then steps aside again and looks afresh: a server that fell behind while the job ran freely catches up while it
+steps aside, and its gaps show again.
+
+The times are kept by `worker_yield`'s request counting (under its lock), and only while a job runs.
+"""
+
+from __future__ import annotations
+
+#: a gap between two requests at least this long is time the job can use without slowing a request
+USABLE_GAP_S = 0.002
+#: stepping aside this long without a usable gap: the program is saturated
+SATURATED_AFTER_S = 1.0
+#: how long a job then runs without stepping aside before it looks again
+FREE_RUN_S = 5.0
+#: requests that must follow each other without a usable gap before the program is taken for a loop
+BACK_TO_BACK = 3
+
+_idle_since: float | None = None  # when the last request ended, while none is in flight (None: one is)
+_last_gap_end = 0.0  # when the last usable gap ended
+_starts = 0  # requests started since then
+
+
+def requests_resumed(now: float) -> None:
+    """A request starts while none was in flight."""
+    global _idle_since, _last_gap_end, _starts
+    if _idle_since is not None and now - _idle_since >= USABLE_GAP_S:
+        _last_gap_end, _starts = now, 0
+    _idle_since = None
+    _starts += 1
+
+
+def requests_ended(now: float) -> None:
+    """The last request in flight ended."""
+    global _idle_since
+    _idle_since = now
+
+
+def left_no_gap(since: float, now: float) -> bool:
+    """True when no usable gap ended after `since`, none is open at `now`, and `BACK_TO_BACK` requests started
+    since the last one."""
+    if _idle_since is not None and now - _idle_since >= USABLE_GAP_S:
+        return False
+    return _last_gap_end <= since and _starts >= BACK_TO_BACK
+
+
+def watch(now: float, idle: bool) -> None:
+    """Start counting afresh (a job starts; `idle`: no request is in flight now): gaps seen before do not count."""
+    global _idle_since, _last_gap_end, _starts
+    _idle_since, _last_gap_end, _starts = (now if idle else None), 0.0, 0
