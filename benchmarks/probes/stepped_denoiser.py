@@ -17,7 +17,8 @@ Each contender is a fresh process running `--rounds` sampling rounds of `--steps
 Per contender: the first round's wall time, the median round of the last half, the round in which the UNet was
 first tuned (JIT), how many graphs its node recorded, dynamo's compiled graphs in the process
 (`counters["stats"]["unique_graphs"]`, the worker's compiles included), and the largest error of the last round's
-steps against the plain UNet on the same inputs (relative to the largest plain value).
+steps against the plain UNet on the same inputs (relative to the largest plain value), and the JIT's history
+lines saying its job ran without stepping aside because the loop left no gap (`aitune_jit/program_gaps.py`).
 
     python -m benchmarks.probes.stepped_denoiser --device cuda
     OMP_NUM_THREADS=2 python -m benchmarks.probes.stepped_denoiser --base .ab/base
@@ -126,7 +127,15 @@ def serve(contender: str, args: argparse.Namespace) -> dict[str, Any]:
         "graphs_recorded": len(recorder.graph_specs) if recorder is not None else None,
         "dynamo_graphs": counters["stats"]["unique_graphs"],
         "max_rel_err_last_round": worst,
+        "rounds_ms": [round(r * 1e3, 1) for r in rounds],
+        "free_runs_said": [line for line in _history() if "came back to back" in line],
     }
+
+
+def _history() -> list[str]:
+    """The JIT's tuning history where the bootstrap loaded the JIT (e.g. the job ran freely: `program_gaps`)."""
+    patched = sys.modules.get("aitune_jit.patched_module")
+    return list(patched.PatchedModule.history) if patched is not None else []
 
 
 def _contender(contender: str, args: argparse.Namespace, cache_dir: str) -> dict[str, Any]:
