@@ -150,7 +150,7 @@ class _StepAside:
         self.streak_waited_s = 0.0  # waited in the current streak (`_wait`)
         self.last_wait_end = 0.0
         self.slices = 0  # slices run while requests were in flight
-        self.gated_since = 0.0  # when the gate last began to step aside (installed, or a free run ended)
+        self.window = program_gaps.Window(0.0, 0.0)  # what `_saturated` looks at
         self.free_runs = 0  # free runs while the program left no gap (`_saturated`)
         self.active = False  # installed (between `_gated`'s start and end)
         self.cancel_with: type[BaseException] | None = None
@@ -163,7 +163,7 @@ class _StepAside:
         a tool id is free, else the trace or profile function. False when the thread is already traced or profiled
         (a debugger, coverage): that job does not step aside."""
         self.ident = ident
-        self.gated_since = time.monotonic()
+        self.window = program_gaps.Window(time.monotonic(), self.waited_s)
         if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
             self.mechanism = "monitoring"
             _gates[ident] = self
@@ -283,14 +283,13 @@ class _StepAside:
                 _lock.release()
         return exc_type
 
-    def _saturated(self) -> bool:
-        """The program left no usable gap for `SATURATED_AFTER_S` while the job stepped aside (`program_gaps`):
-        the job runs freely for `FREE_RUN_S`, then steps aside and looks again."""
+    def _saturated(self, waiting_since: float = 0.0) -> bool:
+        """The program is saturated (`program_gaps.Window`; `waiting_since`: the start of a wait under way): the
+        job runs freely for `FREE_RUN_S`."""
         now = time.monotonic()
-        since = now - program_gaps.SATURATED_AFTER_S
-        if self.gated_since > since or not program_gaps.left_no_gap(since, now):
+        if not self.window.saturated(now, self.waited_s + (now - waiting_since if waiting_since else 0.0)):
             return False
-        self.free_until = self.gated_since = now + program_gaps.FREE_RUN_S
+        self.free_until = now + program_gaps.FREE_RUN_S
         self.free_runs += 1
         if self.mechanism == "monitoring":
             py_start_gate.mute(self.free_until)
@@ -311,7 +310,7 @@ class _StepAside:
             nonlocal saturated
             if _inflight == 0 or self.cancel_with is not None or _forking:
                 return True
-            saturated = self._saturated()
+            saturated = self._saturated(begin)
             return saturated
 
         with _cond:
