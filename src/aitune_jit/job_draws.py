@@ -15,20 +15,26 @@ How: in those modules of torch's, the name `torch` is bound to `TorchForJobs`, w
 attributes except the drawing functions (`torch.randn`, `torch.randn_like`, `torch.manual_seed`, ...): called on a
 job's thread (`job_rng.skipped_here()`), these draw from a generator of the job's for the device (or seed those);
 on any other thread they are torch's. Nothing else changes: torch's own `torch.randn` is untouched, so dynamo,
-which recognizes torch's functions by identity when it traces a program's code, sees what it always saw. A
-module of that list that this torch does not have is skipped; one imported later than `install()` is patched by
-the next job's `install()`.
+which recognizes torch's functions by identity when it traces a program's code, sees what it always saw.
+
+`install()` imports none of those modules: each is patched as it is imported (wrapt's post-import hook), or at once
+when it already is. Importing them at the start of every job cost requests their compile: on an H200, whose image
+keeps no bytecode, the job's import of `select_algorithm` and what it pulls in (Triton's code generation, flex
+attention, the pattern matcher) held the interpreter while requests due every 20 ms were served, and requests 2 to
+10 of the issue-16 serving workloads took 0.5-1.6 s (77-150 ms before these imports); a job whose compile never
+needs a module never imports it.
 """
 
 from __future__ import annotations
 
-import importlib
+import sys
 import threading
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import wrapt
 
 from aitune_core.patch import Patch
 from aitune_jit import job_rng
@@ -44,6 +50,8 @@ _LIKE = {"rand_like": "uniform_", "randn_like": "normal_"}
 
 _lock = threading.Lock()
 _patches: dict[str, Patch] = {}
+_hooked: set[str] = set()  # modules with a post-import hook (wrapt keeps it for the process)
+_active = False  # between `install` and `uninstall`: a module imported meanwhile is patched
 _generators: dict[str, torch.Generator] = {}
 JOB_SEED = 0
 
@@ -128,28 +136,36 @@ _proxy: TorchForJobs | None = None
 
 
 def install() -> None:
-    """Bind `torch` to `TorchForJobs` in each drawing module this torch has (idempotent; imports them, as the first
-    compile would)."""
-    global _proxy
+    """Bind `torch` to `TorchForJobs` in each drawing module, now where it is imported, else when it is
+    (idempotent; imports nothing: module docstring)."""
+    global _proxy, _active
     with _lock:
         if _proxy is None:
             _proxy = TorchForJobs()
-        proxy = _proxy
+        _active = True
+        new = [name for name in DRAWING_MODULES if name not in _hooked]
+        _hooked.update(new)
+    for name in new:
+        wrapt.register_post_import_hook(_patch, name)  # (called at once for a module already imported)
     for name in DRAWING_MODULES:
-        if name in _patches:
-            continue
-        try:
-            module = importlib.import_module(name)
-        except Exception:  # (another torch: that module is not there, or does not import here)
-            continue
-        if getattr(module, "torch", None) is torch:
-            with _lock:
-                _patches.setdefault(name, Patch(module, "torch", proxy).apply())
+        module = sys.modules.get(name)
+        if module is not None:
+            _patch(module)
+
+
+def _patch(module: types.ModuleType) -> None:
+    """Put the proxy in `module` while installed, unless its `torch` is not torch's (another tool's, or none)."""
+    with _lock:
+        name = module.__name__
+        if _active and name not in _patches and getattr(module, "torch", None) is torch:
+            _patches[name] = Patch(module, "torch", _proxy).apply()
 
 
 def uninstall() -> None:
     """Put torch back in every drawing module (each only if nobody replaced it since: `Patch.restore`)."""
+    global _active
     with _lock:
+        _active = False
         while _patches:
             _patches.popitem()[1].restore()
 

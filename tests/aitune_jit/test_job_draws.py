@@ -3,6 +3,7 @@ program's streams, and every other thread's draws through the same modules, stay
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 
@@ -15,8 +16,39 @@ from aitune_jit import job_draws, job_rng
 @pytest.fixture
 def installed():
     job_draws.install()
+    for name in job_draws.DRAWING_MODULES:  # (as a compile imports them)
+        importlib.import_module(name)
     yield job_draws.installed()
     job_draws.uninstall()
+
+
+def test_install_imports_nothing_and_a_module_imported_later_is_patched(tmp_path, monkeypatch):
+    """A job's start does not import the compiler's drawing modules (their compile held up requests); each one
+    gets the proxy as it is imported, and its torch back at `uninstall`."""
+    (tmp_path / "aitune_late_drawer.py").write_text("import torch\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(job_draws, "DRAWING_MODULES", (*job_draws.DRAWING_MODULES, "aitune_late_drawer"))
+    job_draws.install()
+    try:
+        assert "aitune_late_drawer" not in sys.modules
+        late = importlib.import_module("aitune_late_drawer")
+        assert isinstance(late.torch, job_draws.TorchForJobs)
+    finally:
+        job_draws.uninstall()
+        sys.modules.pop("aitune_late_drawer", None)
+    assert late.torch is torch
+
+
+def test_a_module_imported_while_not_installed_keeps_torch(tmp_path, monkeypatch):
+    (tmp_path / "aitune_idle_drawer.py").write_text("import torch\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(job_draws, "DRAWING_MODULES", (*job_draws.DRAWING_MODULES, "aitune_idle_drawer"))
+    job_draws.install()
+    job_draws.uninstall()
+    try:
+        assert importlib.import_module("aitune_idle_drawer").torch is torch  # (its hook stays, inactive)
+    finally:
+        sys.modules.pop("aitune_idle_drawer", None)
 
 
 def _on_job_thread(fn):
