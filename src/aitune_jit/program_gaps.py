@@ -14,12 +14,13 @@ last longer and keeps its speed-up away.
 So the job asks `left_no_gap(since, now)`: true when no gap of at least `USABLE_GAP_S` between two requests ended
 after `since`, none is open now, and at least `BACK_TO_BACK` requests followed each other since the last one (a
 single long request is not a loop: the job's slices during it are `worker_yield`'s streaks). The job takes the
-program for saturated when that holds over a window of `SATURATED_AFTER_S` in which it also stepped aside for
-`WAITED_SHARE` of the time, runs freely for `FREE_RUN_S`, then steps aside again and looks afresh. Both
-conditions are needed: on an H200 a server with requests due every 20 ms fell behind at its start, while the
-job's first imports compiled their sources in C where no gate can step aside; catching up, it left no gap for a
-second, and a free run then made one request wait 1.1 s (ResNet-50) and 1.6 s (BERT-base). A server that the
-job made fall behind in a free run catches up while the job steps aside, and its gaps show again.
+program for saturated when that holds over a window of `SATURATED_AFTER_S` while it steps aside, runs freely for
+`FREE_RUN_S`, then steps aside again and looks afresh: a server that the job made fall behind in a free run
+catches up while the job steps aside (its requests are served at full speed and come faster than they are due),
+and its gaps show again. A gap the job itself causes (it holds the interpreter in C code when a request is due)
+counts as a gap: it can only delay a free run. On an H200, a window of 1 s saw a free run start every 7.7 s on
+average in a diffusion loop whose steps leave gaps of microseconds (`benchmarks/probes/stepped_denoiser.py`); a
+window of 2 s that also asked for the job to have stepped aside half of it saw none in 127 s.
 
 The times are kept by `worker_yield`'s request counting (under its lock), and only while a job runs.
 """
@@ -28,9 +29,8 @@ from __future__ import annotations
 
 #: a gap between two requests at least this long is time the job can use without slowing a request
 USABLE_GAP_S = 0.002
-#: the window a job looks at: no usable gap in it, and the job stepped aside for `WAITED_SHARE` of it: saturated
-SATURATED_AFTER_S = 2.0
-WAITED_SHARE = 0.5
+#: the window a job looks at: no usable gap in it, saturated
+SATURATED_AFTER_S = 1.0
 #: how long a job then runs without stepping aside before it looks again
 FREE_RUN_S = 10.0
 #: requests that must follow each other without a usable gap before the program is taken for a loop
@@ -67,19 +67,15 @@ def left_no_gap(since: float, now: float) -> bool:
 class Window:
     """One job's look at the program (`worker_yield._StepAside`), over windows of `SATURATED_AFTER_S`."""
 
-    def __init__(self, start: float, waited_s: float) -> None:
+    def __init__(self, start: float) -> None:
         self.start = start
-        self.waited_s = waited_s  # the job's time spent stepping aside, as of `start`
 
-    def saturated(self, now: float, waited_s: float) -> bool:
-        """At the end of a window: it held no usable gap, and the job stepped aside for `WAITED_SHARE` of it (the
-        requests were in flight of the program's own accord, not late because the job held the interpreter).
-        The next window starts now, or after the free run when saturated."""
-        span = now - self.start
-        if span < SATURATED_AFTER_S:
+    def saturated(self, now: float) -> bool:
+        """At the end of a window: it held no usable gap. The next window starts now, or after the free run."""
+        if now - self.start < SATURATED_AFTER_S:
             return False
-        found = left_no_gap(self.start, now) and waited_s - self.waited_s >= WAITED_SHARE * span
-        self.start, self.waited_s = (now + FREE_RUN_S if found else now), waited_s
+        found = left_no_gap(self.start, now)
+        self.start = now + FREE_RUN_S if found else now
         return found
 
 

@@ -150,7 +150,7 @@ class _StepAside:
         self.streak_waited_s = 0.0  # waited in the current streak (`_wait`)
         self.last_wait_end = 0.0
         self.slices = 0  # slices run while requests were in flight
-        self.window = program_gaps.Window(0.0, 0.0)  # what `_saturated` looks at
+        self.window = program_gaps.Window(0.0)  # what `_saturated` looks at
         self.free_runs = 0  # free runs while the program left no gap (`_saturated`)
         self.active = False  # installed (between `_gated`'s start and end)
         self.cancel_with: type[BaseException] | None = None
@@ -163,7 +163,7 @@ class _StepAside:
         a tool id is free, else the trace or profile function. False when the thread is already traced or profiled
         (a debugger, coverage): that job does not step aside."""
         self.ident = ident
-        self.window = program_gaps.Window(time.monotonic(), self.waited_s)
+        self.window = program_gaps.Window(time.monotonic())
         if gate_choice() == "monitoring" and py_start_gate.acquire(_on_function_start):
             self.mechanism = "monitoring"
             _gates[ident] = self
@@ -283,11 +283,10 @@ class _StepAside:
                 _lock.release()
         return exc_type
 
-    def _saturated(self, waiting_since: float = 0.0) -> bool:
-        """The program is saturated (`program_gaps.Window`; `waiting_since`: the start of a wait under way): the
-        job runs freely for `FREE_RUN_S`."""
+    def _saturated(self) -> bool:
+        """The program is saturated (`program_gaps.Window`): the job runs freely for `FREE_RUN_S`."""
         now = time.monotonic()
-        if not self.window.saturated(now, self.waited_s + (now - waiting_since if waiting_since else 0.0)):
+        if not self.window.saturated(now):
             return False
         self.free_until = now + program_gaps.FREE_RUN_S
         self.free_runs += 1
@@ -310,7 +309,7 @@ class _StepAside:
             nonlocal saturated
             if _inflight == 0 or self.cancel_with is not None or _forking:
                 return True
-            saturated = self._saturated(begin)
+            saturated = self._saturated()
             return saturated
 
         with _cond:
