@@ -19,8 +19,10 @@ program for saturated when that holds over a window of `SATURATED_AFTER_S` while
 catches up while the job steps aside (its requests are served at full speed and come faster than they are due),
 and its gaps show again. A gap the job itself causes (it holds the interpreter in C code when a request is due)
 counts as a gap: it can only delay a free run. On an H200, a window of 1 s saw a free run start every 7.7 s on
-average in a diffusion loop whose steps leave gaps of microseconds (`benchmarks/probes/stepped_denoiser.py`); a
-window of 2 s that also asked for the job to have stepped aside half of it saw none in 127 s.
+average in a diffusion loop whose steps leave gaps of microseconds (`benchmarks/probes/stepped_denoiser.py`), and
+the loop was tuned after 69 s (never within 100 s with stepping aside alone); windows of 2 s that also asked for
+the job to have stepped aside half of the time saw none in 127 s, and tumbling windows of 1 s (a new one after
+each gap) with free runs of 10 s left the loop untuned after 120 s on a slower H200 (one run each).
 
 The times are kept by `worker_yield`'s request counting (under its lock), and only while a job runs.
 """
@@ -32,7 +34,7 @@ USABLE_GAP_S = 0.002
 #: the window a job looks at: no usable gap in it, saturated
 SATURATED_AFTER_S = 1.0
 #: how long a job then runs without stepping aside before it looks again
-FREE_RUN_S = 10.0
+FREE_RUN_S = 5.0
 #: requests that must follow each other without a usable gap before the program is taken for a loop
 BACK_TO_BACK = 3
 
@@ -65,18 +67,19 @@ def left_no_gap(since: float, now: float) -> bool:
 
 
 class Window:
-    """One job's look at the program (`worker_yield._StepAside`), over windows of `SATURATED_AFTER_S`."""
+    """One job's look at the program (`worker_yield._StepAside`): the last `SATURATED_AFTER_S` of stepping aside."""
 
     def __init__(self, start: float) -> None:
-        self.start = start
+        self.start = start  # when the job began to step aside, or will again after a free run
 
     def saturated(self, now: float) -> bool:
-        """At the end of a window: it held no usable gap. The next window starts now, or after the free run."""
-        if now - self.start < SATURATED_AFTER_S:
+        """No usable gap ended in the last `SATURATED_AFTER_S`, all of it spent stepping aside; the next look
+        starts after the free run."""
+        since = now - SATURATED_AFTER_S
+        if self.start > since or not left_no_gap(since, now):
             return False
-        found = left_no_gap(self.start, now)
-        self.start = now + FREE_RUN_S if found else now
-        return found
+        self.start = now + FREE_RUN_S
+        return True
 
 
 def watch(now: float, idle: bool) -> None:

@@ -63,20 +63,24 @@ def test_watch_forgets_what_was_seen_before():
     assert not gaps.left_no_gap(since=19.0, now=20.01)  # idle since the job began
 
 
-def test_a_window_without_gaps_is_saturated_and_the_next_starts_after_the_free_run(monkeypatch):
+def test_a_second_without_gaps_is_saturated_and_the_next_look_starts_after_the_free_run(monkeypatch):
     monkeypatch.setattr(gaps, "SATURATED_AFTER_S", 1.0)
     end = _requests(10.0, 100, request_s=0.02, gap_s=0.00005)
     window = gaps.Window(10.0)
-    assert not window.saturated(10.5)  # (the window is not over)
+    assert not window.saturated(10.5)  # (half a second of stepping aside so far)
     assert window.saturated(end)
     assert window.start == end + gaps.FREE_RUN_S
+    assert not window.saturated(end + 1.0)  # (inside the free run)
 
 
-def test_a_window_with_a_gap_is_not_saturated(monkeypatch):
+def test_a_gap_in_the_last_second_is_not_saturated(monkeypatch):
     monkeypatch.setattr(gaps, "SATURATED_AFTER_S", 1.0)
     end = _requests(10.0, 60, request_s=0.02, gap_s=0.005)
+    later = _requests(end + 0.005, 20, request_s=0.02, gap_s=0.00005)  # 0.4 s without gaps after them
+    gaps.requests_resumed(later + 0.00005)  # (one in flight from here on)
     window = gaps.Window(10.0)
-    assert not window.saturated(end) and window.start == end  # a new window
+    assert not window.saturated(later + 0.001)
+    assert window.saturated(end + 1.1)  # a second after the last gap ended, with no gap since
 
 
 def _back_to_back(seconds: float, request_s: float, gap_s: float) -> None:
