@@ -4,25 +4,9 @@ from __future__ import annotations
 
 import threading
 
+from test_worker_yield import _Held, _tick
+
 from aitune_jit.cancel_spots import may_cancel_in
-
-
-class _Held:
-    """A context manager whose exit releases a lock."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-
-    def __enter__(self) -> _Held:
-        self.lock.acquire()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release()
-
-
-def _tick() -> None:
-    pass
 
 
 def test_frozen_importlib_threading_and_logging_are_never_where_a_cancel_lands():

@@ -84,6 +84,8 @@ def test_a_gap_in_the_last_second_is_not_saturated(monkeypatch):
 
 
 def _back_to_back(seconds: float, request_s: float, gap_s: float) -> None:
+    """Requests one after another; with `gap_s` 0 no sleep at all between two (test_worker_yield_streaks's loop
+    sleeps even then, which hands the interpreter to the job: a gap of up to a switch interval, 5 ms here)."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         wy.request_started()
@@ -236,4 +238,31 @@ def test_a_fork_during_a_free_run_parks_the_job(heard):
             wy.fork_ended()
     finally:
         wy.request_finished()
+        _finish(thread)
+
+
+def test_a_function_start_heard_after_the_free_run_ends_it(heard):
+    """With no request to end it, the job's own next function start that the callback still hears (a new one:
+    the job compiles code all the time) ends the free run from inside the callback."""
+    from aitune_jit import py_start_gate
+
+    class _Fresh(_Job):
+        def run(self) -> None:
+            with wy.steps_aside() as gate:
+                self.gate = gate
+                self.started_gate.set()
+                while not self.stop:
+                    namespace: dict = {}
+                    exec(compile("def fresh():\n    pass\n", f"<fresh {self.count}>", "exec"), namespace)
+                    namespace["fresh"]()
+                    self.count += 1
+
+    thread = _start(_Fresh())
+    try:
+        _in_free_run(thread)
+        wy.request_finished()
+        assert py_start_gate.muted_until
+        time.sleep(max(thread.gate.free_until - time.monotonic(), 0) + 0.05)
+        assert py_start_gate.muted_until == 0.0
+    finally:
         _finish(thread)
