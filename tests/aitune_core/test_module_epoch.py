@@ -20,6 +20,20 @@ def patched():
     module_epoch.release()
 
 
+@pytest.fixture
+def watched():
+    """Watch the trees of the modules given (`module_epoch.watch_tree`), as a tuned module's watch does."""
+    held: list[list[int]] = []
+
+    def watch(module: torch.nn.Module) -> torch.nn.Module:
+        held.append(module_epoch.watch_tree(list(module.modules())))
+        return module
+
+    yield watch
+    for ids in held:
+        module_epoch.unwatch_tree(ids)
+
+
 def _moved(action) -> bool:
     before = EPOCH.value
     action()
@@ -44,8 +58,8 @@ def test_patches_are_installed_while_acquired_and_restored_exactly():
     module_epoch.release()  # an extra release is harmless
 
 
-def test_structural_changes_move_the_epoch(patched):
-    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+def test_structural_changes_move_the_epoch(patched, watched):
+    net = watched(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
     handle = None
 
     def register():
@@ -75,7 +89,7 @@ def test_plain_attributes_do_not_move_the_epoch(patched):
         assert not _moved(lambda: net.weight.mul_(2))  # in-place: version counters catch it (ModuleWatch)
 
 
-def test_a_module_built_inside_a_compiled_forward_moves_nothing_and_compiles_once(patched):
+def test_a_module_built_inside_a_compiled_forward_moves_nothing_and_compiles_once(patched, watched):
     """transformers' LLaMA slices its ModuleList of layers on every call: traced, the bump would be a side effect
     with a guard on the counter, and every call would compile again."""
 
@@ -89,7 +103,7 @@ def test_a_module_built_inside_a_compiled_forward_moves_nothing_and_compiles_onc
                 x = layer(x)
             return x
 
-    model = Sliced().eval()
+    model = watched(Sliced().eval())
     torch._dynamo.reset()
     counts = torch._dynamo.testing.CompileCounter()
     compiled = torch.compile(model, backend=counts)
@@ -101,12 +115,25 @@ def test_a_module_built_inside_a_compiled_forward_moves_nothing_and_compiles_onc
             torch.testing.assert_close(compiled(x), model.layers[1](model.layers[0](x)))
     assert counts.frame_count == 1
     assert EPOCH.value == before
-    model(x)  # eagerly, the slice is a new module: that still counts
-    assert EPOCH.value > before
+    model(x)  # eagerly, the slice is a new container outside the watched tree: nothing moves either
+    assert EPOCH.value == before
 
 
-def test_setting_a_training_flag_directly_moves_the_epoch_only_when_it_changes(patched):
-    drop = torch.nn.Dropout(0.5).eval()
+def test_setting_a_training_flag_directly_moves_the_epoch_only_when_it_changes(patched, watched):
+    drop = watched(torch.nn.Dropout(0.5).eval())
     assert _moved(lambda: setattr(drop, "training", True))  # MC dropout, without `train()`
     assert not _moved(lambda: setattr(drop, "training", True))
     assert _moved(lambda: setattr(drop, "training", False))
+
+
+def test_changes_outside_the_watched_trees_do_not_move_the_epoch_until_they_are_put_in_one(patched, watched):
+    """A forward that slices its ModuleList builds a container on every call (diffusers' mid block, transformers'
+    LLaMA): that moved the epoch, and every call of a tuned module that runs such code in Python compared a fresh
+    snapshot of its tree."""
+    net = watched(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList([torch.nn.ReLU(), torch.nn.GELU()])))
+    assert not _moved(lambda: net[1][1:])  # a new ModuleList, filled with add_module
+    loose = torch.nn.Linear(2, 2)
+    assert not _moved(lambda: setattr(loose, "weight", torch.nn.Parameter(torch.zeros(2, 2))))
+    assert not _moved(lambda: loose.register_buffer("scale", torch.ones(1)))
+    assert _moved(lambda: net.append(loose))  # put into the watched tree: a change of a watched module
+    assert _moved(lambda: net.to(torch.float64))  # (whole-module methods move it wherever they are called)

@@ -264,3 +264,17 @@ def test_a_watch_that_replaces_one_after_a_change_of_structure_reviews_its_first
     assert replacing.stale()
     _calls, refit = _refits()
     assert replacing.review(refit).blocked == frozenset({id(compiled)})
+
+
+def test_a_submodule_added_after_tuning_is_watched_after_the_review():
+    """The watch follows its tree: a submodule put in after tuning is watched once a review has seen it, so a later
+    change of that submodule alone moves the epoch."""
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    watch = ModuleWatch(net, [])
+    added = torch.nn.Linear(2, 2)
+    net.append(added)
+    assert watch.stale()
+    watch.review(lambda backend: True)
+    assert not watch.stale()
+    added.weight = torch.nn.Parameter(torch.zeros(2, 2))
+    assert watch.stale()

@@ -184,7 +184,7 @@ class ModuleWatch:
     """Watches one tuned module for the backends in `backends` (see the module docstring)."""
 
     __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_module_ref", "_noted", "_seen", "_shaped",
-                 "_tuned", "_verdict", "_versions", "name")
+                 "_tree_ids", "_tuned", "_verdict", "_versions", "name")
 
     def __init__(
         self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "", previous: ModuleWatch | None = None
@@ -194,6 +194,8 @@ class ModuleWatch:
         not taken for fresh; the tune-time training flags carry over too."""
         module_epoch.acquire()  # first, so that a change made while the snapshot is taken moves the epoch
         weakref.finalize(self, module_epoch.release)
+        self._tree_ids: list[int] = module_epoch.watch_tree(list(module.modules()))  # (before the snapshot too)
+        weakref.finalize(self, module_epoch.unwatch_tree, self._tree_ids)
         self._seen = module_epoch.EPOCH.value
         self._epoch = self._seen
         self._module_ref = weakref.ref(module)
@@ -243,6 +245,7 @@ class ModuleWatch:
         module = self._module_ref()
         if module is None:
             return Verdict(divert="the module is gone")
+        self._watch_tree(module)
         current = ModuleSnapshot.take(module)
         divert = self._divert_reason(current)
         reshaped = current.reshape_from(self._tuned, module)
@@ -272,6 +275,13 @@ class ModuleWatch:
         self._versions = tuple(zip(current.live_tensors(), current.versions)) if self._baked else ()
         self._epoch = now if self._verdict.clean else -1
         return self._verdict
+
+    def _watch_tree(self, module: torch.nn.Module) -> None:
+        """Watch the tree as it is now (new submodules first, then the old ids go), in the same list object that
+        the finalizer holds."""
+        fresh = module_epoch.watch_tree(list(module.modules()))
+        module_epoch.unwatch_tree(list(self._tree_ids))
+        self._tree_ids[:] = fresh
 
     def _versions_moved(self) -> bool:
         return any(tensor._version != version for tensor, version in self._versions)
