@@ -6,7 +6,10 @@ A tuned module checks, before every dispatched call, that the model did not chan
 - `stale()` alone: a backend that reads the weights at call time (one epoch comparison) and a backend that baked
   them (the epoch plus one version-counter read per parameter and buffer), on a transformers-sized block;
 - a whole `GraphDispatcher` call of a micro module (Linear(8, 8) + ReLU, run by `TorchEagerBackend`) with and
-  without a watch: the added time against the dispatch it sits in.
+  without a watch: the added time against the dispatch it sits in;
+- the same for a module whose forward slices its `ModuleList` (`self.layers[:6]`, as transformers' LLaMA and
+  diffusers' mid block do): the slice is a new container, filled with `add_module`. Until the epoch moved only
+  for watched trees (`module_epoch.watch_tree`), that moved it on every call, and every call reviewed the tree.
 
 Interleaved rounds (without, with, without, ...), medians over rounds; one thread.
 
@@ -54,16 +57,43 @@ def _rounds(fns: dict[str, Any], rounds: int, iters: int) -> dict[str, float]:
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+class _Sliced(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers[:6]:
+            x = layer(x)
+        return x
+
+
+def _dispatch_pair(module: torch.nn.Module, x: torch.Tensor, rounds: int, iters: int) -> dict[str, float]:
+    """A module's `GraphDispatcher` call (`TorchEagerBackend`) without and with a watch, interleaved."""
+    from aitune_core.backends.dispatcher import GraphDispatcher
+    from aitune_core.backends.module_watch import ModuleWatch
+    from aitune_core.backends.torch_eager import TorchEagerBackend
+    from aitune_core.recording.graph_recorder import GraphRecorder
+
+    recorder = GraphRecorder(module.forward)
+    with torch.no_grad():
+        for _ in range(2):
+            recorder.record((x,), {}, module(x))
+    spec = recorder.graph_specs[0]
+    backend = TorchEagerBackend().build(module, spec, recorder.samples(spec), torch.device("cpu"), Path("."))
+    plain = GraphDispatcher([(spec, backend)], module.forward, "plain")
+    watched = GraphDispatcher([(spec, backend)], module.forward, "watched", watch=ModuleWatch(module, [backend]))
+    with torch.no_grad():
+        return _rounds({"without watch": lambda: plain(x), "with watch": lambda: watched(x)}, rounds, iters)
+
+
 def _block() -> torch.nn.Module:
     layers = [torch.nn.Linear(64, 64) for _ in range(6)] + [torch.nn.LayerNorm(64) for _ in range(2)]
     return torch.nn.Sequential(*layers).eval()  # 16 parameters, like one transformer block
 
 
 def main(argv: list[str] | None = None) -> int:
-    from aitune_core.backends.dispatcher import GraphDispatcher
     from aitune_core.backends.module_watch import ModuleWatch
-    from aitune_core.backends.torch_eager import TorchEagerBackend
-    from aitune_core.recording.graph_recorder import GraphRecorder
 
     parser = common.parser(__doc__)
     parser.add_argument("--rounds", type=int, default=30)
@@ -75,19 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     reading, baked = ModuleWatch(block, [_Flag(False)]), ModuleWatch(block, [_Flag(True)])
     stale = _rounds({"reading": reading.stale, "baked": baked.stale}, args.rounds, args.iters)
 
-    micro = _Micro().eval()
     x = torch.randn(2, 8)
-    recorder = GraphRecorder(micro.forward)
-    with torch.no_grad():
-        for _ in range(2):
-            recorder.record((x,), {}, micro(x))
-    spec = recorder.graph_specs[0]
-    backend = TorchEagerBackend().build(micro, spec, recorder.samples(spec), torch.device("cpu"), Path("."))
-    plain = GraphDispatcher([(spec, backend)], micro.forward, "micro")
-    watched = GraphDispatcher([(spec, backend)], micro.forward, "micro", watch=ModuleWatch(micro, [backend]))
-    with torch.no_grad():
-        dispatch = _rounds({"without watch": lambda: plain(x), "with watch": lambda: watched(x)},
-                           args.rounds, max(1, args.iters // 10))
+    dispatch = _dispatch_pair(_Micro().eval(), x, args.rounds, max(1, args.iters // 10))
+    sliced = _dispatch_pair(_Sliced().eval(), x, args.rounds, max(1, args.iters // 20))
 
     header = common.environment("watch_overhead", "cpu", args.git_commit)
     rows = [
@@ -95,14 +115,18 @@ def main(argv: list[str] | None = None) -> int:
         {"case": f"stale(), baked weights ({len(baked._versions)} tensors)", "ns_per_call": round(stale["baked"], 1)},
         {"case": "dispatcher call, micro module, without watch", "ns_per_call": round(dispatch["without watch"], 1)},
         {"case": "dispatcher call, micro module, with watch", "ns_per_call": round(dispatch["with watch"], 1)},
+        {"case": "dispatcher call, slicing module, without watch", "ns_per_call": round(sliced["without watch"], 1)},
+        {"case": "dispatcher call, slicing module, with watch", "ns_per_call": round(sliced["with watch"], 1)},
     ]
     added = dispatch["with watch"] - dispatch["without watch"]
     doc = {**header, "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
            "rows": rows, "added_ns_per_dispatch": round(added, 1),
-           "added_fraction": round(added / dispatch["without watch"], 4)}
+           "added_fraction": round(added / dispatch["without watch"], 4),
+           "sliced_with_over_without": round(sliced["with watch"] / sliced["without watch"], 4)}
     for row in rows:
         print(f"{row['case']:<55} {row['ns_per_call']:>10.1f} ns")
     print(f"{'added by the watch per dispatched call':<55} {added:>10.1f} ns ({doc['added_fraction']:.1%})")
+    print(f"{'slicing module: with watch / without':<55} {doc['sliced_with_over_without']:>10.3f}")
     common.write_result(common.result_path(header, out=args.out), doc)
     return 0
 
