@@ -18,7 +18,8 @@ Per contender: the first round's wall time, the median round of the last half, t
 first tuned (JIT), how many graphs its node recorded, dynamo's compiled graphs in the process
 (`counters["stats"]["unique_graphs"]`, the worker's compiles included), and the largest error of the last round's
 steps against the plain UNet on the same inputs (relative to the largest plain value), and the JIT's history
-lines saying its job ran without stepping aside because the loop left no gap (`aitune_jit/program_gaps.py`).
+lines saying its job ran without stepping aside because the loop left no gap (`aitune_jit/program_gaps.py`), and
+how many such free runs began (`worker_yield.free_runs()`, also while a job is still running at the end).
 
     python -m benchmarks.probes.stepped_denoiser --device cuda
     OMP_NUM_THREADS=2 python -m benchmarks.probes.stepped_denoiser --base .ab/base
@@ -129,7 +130,14 @@ def serve(contender: str, args: argparse.Namespace) -> dict[str, Any]:
         "max_rel_err_last_round": worst,
         "rounds_ms": [round(r * 1e3, 1) for r in rounds],
         "free_runs_said": [line for line in _history() if "came back to back" in line],
+        "free_runs": _free_runs(),
     }
+
+
+def _free_runs() -> int | None:
+    """Free runs the JIT's jobs began in this process (said in the history only when a job ends)."""
+    gate = sys.modules.get("aitune_jit.worker_yield")
+    return gate.free_runs() if gate is not None else None
 
 
 def _history() -> list[str]:

@@ -21,18 +21,14 @@ the same way. Timed calls are not paused (`aitune_core.timed_section`), nor is a
 
 Where the gate sits:
 
-- Python 3.12 and later: a `sys.monitoring` callback on function starts (`py_start_gate`). Its cost is one
-  Python call per function start, and nothing else changes in how the interpreter runs.
+- Python 3.12 and later: a `sys.monitoring` callback on function starts (`py_start_gate`): one Python call per
+  function start, nothing else changes in how the interpreter runs. A warm ResNet-50 build (H100) took 9.7-10.2 s
+  under it, 7.3-9.8 s with no gate.
 - Before 3.12, or when no monitoring tool id is free: a trace function of the job thread (`sys.settrace`),
-  called at Python function calls only; it returns None, so the frame's lines raise no events. Tracing puts
-  the interpreter in its slow mode for that thread.
-- `AITUNE_WORKER_YIELD_GATE=profile`: a profile function (`sys.setprofile`), slow mode too, and called at C
-  calls and returns as well.
+  called at Python calls only (it returns None: no line events), in the interpreter's slow mode for that thread
+  (a job 1.33x slower on this CPU, `benchmarks/probes/step_aside_cost.py`).
+- `AITUNE_WORKER_YIELD_GATE=profile`: a profile function (`sys.setprofile`), called at C calls too (1.55x).
 - A thread that is already traced or profiled (a debugger, coverage) is left alone: that job does not step aside.
-
-The warm build of ResNet-50 (blocking, H100, Python 3.12, two runs each) took 7.3-9.8 s with no gate,
-13.5-21.0 s under the profile function and 9.7-10.2 s under the monitoring callback; on this CPU (3.11,
-`benchmarks/probes/step_aside_cost.py`) the trace function made a job 1.33x slower, the profile function 1.55x.
 
 The gate is also where a job waits for a fork (`fork_begins`, used by `fork_safety`): at a function start, the
 job thread is not inside the C++ code of an operator it called, so it holds no static being initialized there nor
@@ -82,6 +78,7 @@ _forking = 0  # forks waiting for the jobs to park (`fork_begins`): while any is
 _park_until = 0.0  # gates park only until then (`fork_begins`)
 _parked: set[int] = set()  # job threads parked for a fork
 _installed: set[int] = set()  # threads whose gate is on now (either mechanism)
+_free_runs = [0]  # free runs begun in this process (`free_runs`)
 
 
 def request_started() -> None:
@@ -105,6 +102,11 @@ def request_finished() -> None:
                 program_gaps.requests_ended(time.monotonic())
             if _waiting:
                 _cond.notify_all()
+
+
+def free_runs() -> int:
+    """Free runs begun in this process so far, every job's (`_StepAside._saturated`; a probe reads it)."""
+    return _free_runs[0]
 
 
 def requests_in_flight() -> int:
@@ -290,6 +292,7 @@ class _StepAside:
             return False
         self.free_until = now + program_gaps.FREE_RUN_S
         self.free_runs += 1
+        _free_runs[0] += 1
         if self.mechanism == "monitoring":
             py_start_gate.mute(self.free_until)
         return True
