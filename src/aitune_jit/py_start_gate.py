@@ -97,9 +97,13 @@ DISABLE = getattr(getattr(sys, "monitoring", None), "DISABLE", None)
 def restart() -> None:
     """Have the callback called again at every function start where it returned `DISABLE`. Python's
     `restart_events` does this for every tool: a tool that had disabled events of its own (coverage) gets them
-    again, once, and disables them again."""
+    again, once, and disables them again. It runs on the program's threads too (a request that ends a free run):
+    a failure is logged at DEBUG, never raised into the program's call."""
     if available():
-        sys.monitoring.restart_events()
+        try:
+            sys.monitoring.restart_events()
+        except Exception:
+            _logger.debug("could not restart the monitoring events", exc_info=True)
 
 
 #: a job's free run (`worker_yield`) until then: the callback returns `DISABLE` at the function starts it hears

@@ -266,3 +266,19 @@ def test_a_function_start_heard_after_the_free_run_ends_it(heard):
         assert py_start_gate.muted_until == 0.0
     finally:
         _finish(thread)
+
+
+def test_a_failed_restart_of_the_events_is_not_raised_into_a_request(monkeypatch):
+    """The first request after a free run restarts the monitoring events on the program's thread (3.12+)."""
+    from aitune_jit import py_start_gate
+
+    if not py_start_gate.available():
+        pytest.skip("needs sys.monitoring (Python 3.12+)")
+
+    def failing() -> None:
+        raise RuntimeError("monitoring is in a state we did not expect")
+
+    monkeypatch.setattr(py_start_gate.sys.monitoring, "restart_events", failing)
+    py_start_gate.mute(1.0)  # (a free run that ended long ago on this clock)
+    py_start_gate.unmute()
+    assert py_start_gate.muted_until == 0.0
