@@ -20,6 +20,9 @@ first tuned (JIT), how many graphs its node recorded, dynamo's compiled graphs i
 steps against the plain UNet on the same inputs (relative to the largest plain value), and the JIT's history
 lines saying its job ran without stepping aside because the loop left no gap (`aitune_jit/program_gaps.py`), and
 how many such free runs began (`worker_yield.free_runs()`, also while a job is still running at the end).
+With `--profile-rounds N`, N more rounds run under `torch.profiler` after the timed ones (`round_profile.py`:
+host and device time per round, the runtime calls per UNet call that can make the host wait for the device, the
+costliest host ops and kernels); with `AITUNE_JIT_BLOCKING=1` the JIT's profiled rounds are tuned ones.
 
     python -m benchmarks.probes.stepped_denoiser --device cuda
     OMP_NUM_THREADS=2 python -m benchmarks.probes.stepped_denoiser --base .ab/base
@@ -46,6 +49,7 @@ from typing import Any
 import torch
 
 from benchmarks import common
+from benchmarks.probes import round_profile
 
 CONTENDERS = ("eager", "jit", "jit-base", "compile")
 
@@ -95,16 +99,21 @@ def serve(contender: str, args: argparse.Namespace) -> dict[str, Any]:
     tuned_round = None
     calls: list[tuple[torch.Tensor, int, torch.Tensor]] = []
     deadline = time.monotonic() + args.until_s
-    while len(rounds) < args.rounds and time.monotonic() < deadline:
-        generator = torch.Generator().manual_seed(len(rounds))
+
+    def run_round(seed: int) -> list[tuple[torch.Tensor, int, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(seed)
         x = torch.randn(args.batch, unet.config.in_channels, size, size, generator=generator).to(device)
-        calls = []
-        start = time.perf_counter()
+        done = []
         with torch.no_grad():
             for t in steps:
                 out = runner(x, t).sample
-                calls.append((x, t, out))
+                done.append((x, t, out))
                 x = x - 0.02 * out
+        return done
+
+    while len(rounds) < args.rounds and time.monotonic() < deadline:
+        start = time.perf_counter()
+        calls = run_round(len(rounds))
         _sync(device)
         rounds.append(time.perf_counter() - start)
         node = _jit_node(unet)
@@ -118,6 +127,8 @@ def serve(contender: str, args: argparse.Namespace) -> dict[str, Any]:
     node = _jit_node(unet)
     recorder = getattr(node, "recorder", None)
     steady = rounds[len(rounds) // 2:]
+    profiled = (round_profile.profile_rounds(run_round, args.profile_rounds, len(steps), device)
+                if args.profile_rounds else None)
     return {
         "contender": contender,
         "rounds": len(rounds),
@@ -131,6 +142,8 @@ def serve(contender: str, args: argparse.Namespace) -> dict[str, Any]:
         "rounds_ms": [round(r * 1e3, 1) for r in rounds],
         "free_runs_said": [line for line in _history() if "came back to back" in line],
         "free_runs": _free_runs(),
+        "state_after_profile": _jit_node(unet).state.value if _jit_node(unet) is not None else None,
+        "profile": profiled,
     }
 
 
@@ -157,7 +170,8 @@ def _contender(contender: str, args: argparse.Namespace, cache_dir: str) -> dict
         env["PYTHONPATH"] = os.pathsep.join([str(Path(args.base).resolve() / "src"), str(common.REPO)])
     command = [sys.executable, "-m", "benchmarks.probes.stepped_denoiser", "--serve", contender,
                "--device", args.device, "--rounds", str(args.rounds), "--steps", str(args.steps),
-               "--batch", str(args.batch), "--until-s", str(args.until_s)]
+               "--batch", str(args.batch), "--until-s", str(args.until_s),
+               "--profile-rounds", str(args.profile_rounds)]
     done = subprocess.run(command, cwd=common.REPO, env=env, capture_output=True, text=True,
                           timeout=args.until_s + 600)
     lines = [line for line in done.stdout.splitlines() if line.startswith("ROW ")]
@@ -191,6 +205,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--until-s", type=float, default=300.0, help="no round starts after this many seconds")
+    parser.add_argument("--profile-rounds", type=int, default=0,
+                        help="after the timed rounds, profile this many more (torch.profiler: host and device "
+                             "time, the calls that wait for the device, the costliest host ops; round_profile.py)")
     parser.add_argument("--serve", choices=CONTENDERS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:

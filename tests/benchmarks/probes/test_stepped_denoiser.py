@@ -15,7 +15,8 @@ pytest.importorskip("diffusers")
 
 
 def _args(**overrides):
-    values = {"device": "cpu", "rounds": 2, "steps": 3, "batch": 1, "until_s": 60.0, "base": None}
+    values = {"device": "cpu", "rounds": 2, "steps": 3, "batch": 1, "until_s": 60.0, "base": None,
+              "profile_rounds": 0}
     return argparse.Namespace(**{**values, **overrides})
 
 
@@ -23,6 +24,13 @@ def test_the_eager_contender_runs_its_rounds_and_compares_the_last_one_with_itse
     row = probe.serve("eager", _args())
     assert row["contender"] == "eager" and row["rounds"] == 2 and row["first_round_s"] > 0
     assert row["max_rel_err_last_round"] == 0.0 and row["tuned_in_round"] is None
+    assert row["profile"] is None  # no --profile-rounds
+
+
+def test_profiled_rounds_follow_the_timed_ones():
+    row = probe.serve("eager", _args(profile_rounds=1))
+    assert row["rounds"] == 2 and row["profile"]["rounds"] == 1
+    assert row["profile"]["top_host_ops"] and row["profile"]["wall_ms_per_round"] > 0
 
 
 def test_a_contender_that_fails_or_prints_no_row_is_a_row_with_the_reason(monkeypatch, tmp_path):
