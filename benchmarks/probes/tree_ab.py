@@ -9,6 +9,8 @@ tuning so the steady state is reached in the process), calls the model until eve
 root, then times `--iters` calls (wall clock, each synchronized: a served request) and reports their median.
 The served process imports nothing of aitune but the entry point, so any tree that has it can be measured.
 Reported: the median over rounds per tree and the median of the per-round ratios (this tree / base).
+`--model gpt2-generate` times a whole greedy `generate()` of a GPT-2 per request instead (`generate_call.py`:
+32 decoding steps, each passing a `DynamicCache`), `--batches` then only names the result.
 """
 
 from __future__ import annotations
@@ -20,29 +22,28 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks import common
+from benchmarks.probes import generate_call
 
 
 def serve(args: argparse.Namespace) -> int:
     import aitune.torch.jit.enable  # the public zero-code entry point
-    from benchmarks.suite import models
 
     device = torch.device(args.device)
-    built = models.build(args.model, args.batch)
-    module = built.module.to(device)
-    batch = built.make_inputs(0).to(device)
-    call = models.caller(module, device.type)
+    request = _request(args.model, args.batch, device)
     with torch.no_grad():
         for _ in range(args.warmup):  # recording, tuning (blocking), the first tuned calls
-            call(batch)
+            request()
         latencies = []
         for _ in range(args.iters):  # a served request: the call and its result on the device, synchronized
             start = time.perf_counter()
-            call(batch)
+            request()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             latencies.append(1e3 * (time.perf_counter() - start))
@@ -50,6 +51,19 @@ def serve(args: argparse.Namespace) -> int:
 
     Path(args.out).write_text(json.dumps({"median_ms": statistics.median(latencies), "aitune": aitune.__file__}))
     return 0
+
+
+def _request(model: str, batch: int, device: torch.device) -> Callable[[], Any]:
+    """One request of `model`: a suite model's call on its batch, or a whole `generate()` (`generate_call.NAME`)."""
+    if model == generate_call.NAME:
+        return generate_call.build(device)[1]
+    from benchmarks.suite import models
+
+    built = models.build(model, batch)
+    module = built.module.to(device)
+    inputs = built.make_inputs(0).to(device)
+    call = models.caller(module, device.type)
+    return lambda: call(inputs)
 
 
 def _one(tree: Path, args: argparse.Namespace, batch: int, scratch: Path) -> float | None:
