@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from benchmarks import common
-from benchmarks.probes import generate_call
+from benchmarks.probes import generate_call, round_profile
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -47,9 +47,14 @@ def serve(args: argparse.Namespace) -> int:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             latencies.append(1e3 * (time.perf_counter() - start))
+    profiled = None
+    if args.profile_iters:
+        steps = generate_call.NEW_TOKENS if args.model == generate_call.NAME else 1
+        profiled = round_profile.profile_rounds(lambda _: request(), args.profile_iters, steps, device)
     import aitune
 
-    Path(args.out).write_text(json.dumps({"median_ms": statistics.median(latencies), "aitune": aitune.__file__}))
+    Path(args.out).write_text(json.dumps({"median_ms": statistics.median(latencies), "aitune": aitune.__file__,
+                                          "profile": profiled}))
     return 0
 
 
@@ -66,14 +71,14 @@ def _request(model: str, batch: int, device: torch.device) -> Callable[[], Any]:
     return lambda: call(inputs)
 
 
-def _one(tree: Path, args: argparse.Namespace, batch: int, scratch: Path) -> float | None:
+def _one(tree: Path, args: argparse.Namespace, batch: int, scratch: Path) -> dict[str, Any] | None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AITUNE_JIT_")}
     env.update(PYTHONPATH=os.pathsep.join([str(tree.resolve() / "src"), str(common.REPO)]), AITUNE_JIT_BLOCKING="1",
                AITUNE_JIT_CACHE_DIR=str(scratch / tree.name / "jit"))
     out = scratch / "result.json"
     command = [sys.executable, "-m", "benchmarks.probes.tree_ab", "--serve", "--model", args.model, "--device",
                args.device, "--batch", str(batch), "--warmup", str(args.warmup), "--iters", str(args.iters),
-               "--out-serve", str(out)]
+               "--out-serve", str(out), "--profile-iters", str(args.profile_iters)]
     result = subprocess.run(command, env=env, cwd=common.REPO, capture_output=True, text=True, timeout=900)
     if result.returncode != 0 or not out.exists():
         print(f"{tree}: exit {result.returncode}: {result.stderr[-800:]}", flush=True)
@@ -81,7 +86,7 @@ def _one(tree: Path, args: argparse.Namespace, batch: int, scratch: Path) -> flo
     data = json.loads(out.read_text())
     if not Path(data["aitune"]).resolve().is_relative_to(tree.resolve()):
         raise RuntimeError(f"the process ran aitune from {data['aitune']}, not from {tree}")
-    return data["median_ms"]
+    return data
 
 
 def drive(args: argparse.Namespace) -> int:
@@ -92,19 +97,23 @@ def drive(args: argparse.Namespace) -> int:
     results = {**header, "model": args.model, "base": str(args.base), "batches": {}}
     for batch in args.batches:
         times: dict[str, list[float]] = {"this": [], "base": []}
+        profiles: dict[str, list[dict[str, Any]]] = {"this": [], "base": []}
         ratios = []
         with tempfile.TemporaryDirectory(prefix="aitune-ab-") as tmp:
             for index in range(args.rounds):
                 order = ["this", "base"] if index % 2 == 0 else ["base", "this"]
-                got = {name: _one(trees[name], args, batch, Path(tmp)) for name in order}
-                for name, value in got.items():
-                    if value is not None:
-                        times[name].append(value)
+                served = {name: _one(trees[name], args, batch, Path(tmp)) for name in order}
+                got = {name: (data["median_ms"] if data else None) for name, data in served.items()}
+                for name, data in served.items():
+                    if data is not None:
+                        times[name].append(data["median_ms"])
+                        if data.get("profile"):
+                            profiles[name].append(data["profile"])
                 if None not in got.values():
                     ratios.append(got["this"] / got["base"])
                 print(f"batch {batch} round {index}: {got}", flush=True)
         results["batches"][str(batch)] = {
-            "this_ms": times["this"], "base_ms": times["base"], "ratios": ratios,
+            "this_ms": times["this"], "base_ms": times["base"], "ratios": ratios, "profiles": profiles,
             "median_ratio_this_over_base": statistics.median(ratios) if ratios else None}
         print(f"batch {batch}: this/base = {results['batches'][str(batch)]['median_ratio_this_over_base']}")
     common.write_result(common.result_path(header, args.model, out=args.out), results)
@@ -118,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--warmup", type=int, default=60)
     p.add_argument("--iters", type=int, default=300)
+    p.add_argument("--profile-iters", type=int, default=0,
+                   help="after the timed requests, profile this many more in each process (round_profile.py)")
     p.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--out-serve", help=argparse.SUPPRESS)

@@ -17,10 +17,12 @@ def test_two_trees_side_by_side_on_the_cpu(tmp_path):
     shutil.copytree(common.REPO / "src", base / "src")  # a copy of this tree stands for the older one
     out = tmp_path / "ab.json"
     assert tree_ab.main(["--base", str(base), "--model", "tiny_resnet", "--batches", "2", "--device", "cpu",
-                         "--rounds", "2", "--warmup", "4", "--iters", "5", "--out", str(out)]) == 0
+                         "--rounds", "2", "--warmup", "4", "--iters", "5", "--profile-iters", "1",
+                         "--out", str(out)]) == 0
     result = json.loads(out.read_text())["batches"]["2"]
     assert len(result["this_ms"]) == 2 and len(result["base_ms"]) == 2 and len(result["ratios"]) == 2
     assert result["median_ratio_this_over_base"] > 0
+    assert len(result["profiles"]["this"]) == 2 and result["profiles"]["base"][0]["top_host_ops"]
 
 
 def test_a_process_that_ran_another_tree_is_refused(tmp_path, monkeypatch):
@@ -33,7 +35,7 @@ def test_a_process_that_ran_another_tree_is_refused(tmp_path, monkeypatch):
         return subprocess.CompletedProcess(command, 0, "", "")
 
     monkeypatch.setattr(tree_ab.subprocess, "run", fake_run)
-    args = tree_ab.argparse.Namespace(model="tiny_resnet", device="cpu", warmup=1, iters=1)
+    args = tree_ab.argparse.Namespace(model="tiny_resnet", device="cpu", warmup=1, iters=1, profile_iters=0)
     (tmp_path / "base" / "src").mkdir(parents=True)
     with pytest.raises(RuntimeError, match="not from"):
         tree_ab._one(tmp_path / "base", args, 2, tmp_path)
