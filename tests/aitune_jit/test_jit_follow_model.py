@@ -325,3 +325,36 @@ def test_a_submodule_put_in_after_tuning_and_first_called_in_training_mode_is_no
     net(x).sum().backward()
     net.eval()
     assert PatchedModule.of(net.fc) is None and "forward" not in vars(net.fc)
+
+
+def test_a_bert_asked_once_for_hidden_states_stays_tuned_and_answers_both_kinds_of_call():
+    """transformers 5 registers output-capturing hooks on every layer at the first call that asks for hidden states
+    or attentions, and never removes them; they do nothing for the other calls (`inert_hooks`). Before, that one
+    call left the model untuned (or its tuned graph unused) for the rest of the process."""
+    from jit_helpers import CountingBackend
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(config).eval()
+    eager = eager_twin(bert)
+    jit_config.min_parameters = 0
+    jit_config.strategy = OneBackendStrategy(CountingBackend())
+    enable()
+    ids = torch.randint(0, 64, (2, 8))
+    with torch.no_grad():
+        flagged = bert(input_ids=ids, output_hidden_states=True)  # before tuning: hooks from the start
+        for _ in range(3):
+            bert(input_ids=ids)
+        assert PatchedModule.of(bert).state is NodeState.TUNED, PatchedModule.history
+        flagged_again = bert(input_ids=ids, output_hidden_states=True)
+        infers = CountingBackend.infers
+        plain = bert(input_ids=ids)
+        assert CountingBackend.infers == infers + 1  # the tuned graph still serves the calls without the flag
+        want_plain = _eager_run(lambda: eager(input_ids=ids))
+        want_flagged = _eager_run(lambda: eager(input_ids=ids, output_hidden_states=True))
+    torch.testing.assert_close(plain.last_hidden_state, want_plain.last_hidden_state)
+    for got in (flagged, flagged_again):
+        assert len(got.hidden_states) == len(want_flagged.hidden_states) == 3
+        torch.testing.assert_close(got.hidden_states, want_flagged.hidden_states)

@@ -46,6 +46,7 @@ import torch
 from torch.nn.modules import module as torch_module
 
 from aitune_core.backends import module_epoch
+from aitune_core.backends.inert_hooks import counted
 from aitune_core.log import get_logger
 
 if TYPE_CHECKING:
@@ -60,8 +61,9 @@ _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_gl
 
 def submodule_hooks(module: torch.nn.Module) -> int:
     """Forward/backward hooks registered on the submodules of `module` (not on `module` itself: those fire
-    around the tuned forward) plus the global module hooks. Probes and backends never run them."""
-    count = sum(len(getattr(torch_module, name, ())) for name in _GLOBAL_HOOK_DICTS)
+    around the tuned forward) plus the global module hooks. Probes and backends never run them. A library's hooks
+    that do nothing unless it collects through them are not counted (`inert_hooks`)."""
+    count = sum(counted(getattr(torch_module, name, {})) for name in _GLOBAL_HOOK_DICTS)
     for sub in module.modules():
         if sub is module:
             continue
@@ -69,7 +71,7 @@ def submodule_hooks(module: torch.nn.Module) -> int:
         for name in _HOOK_DICTS:
             hooks = state.get(name)
             if hooks:
-                count += len(hooks)
+                count += counted(hooks)
     return count
 
 
