@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aitune_core.backends.dispatcher import functorch_transforms_active
 from aitune_core.errors import NotReplayableError
 from aitune_core.recording.argument_watch import ArgumentWatch
 from aitune_core.recording.module_effects import ModuleEffects
@@ -157,9 +158,17 @@ class NodeRecording:
             _logger.debug("could not send %s to eager", self.path, exc_info=True)
 
     def _recordable(self, args: tuple, kwargs: dict) -> bool:
-        """Only inference calls are recorded and dispatched: eval mode, and no autograd graph to preserve."""
+        """Only inference calls are recorded and dispatched: eval mode, no autograd graph to preserve, and no
+        `torch.func` transform around the call."""
         module = self.module
         if module is None:
+            return False
+        if functorch_transforms_active():  # (recorded, a vmap's per-example shapes became samples and ranges)
+            self._note_once(
+                "functorch",
+                f"{self.short} is called under a torch.func transform (vmap, grad, jacrev): those calls run eagerly "
+                "and are not recorded",
+            )
             return False
         if module.training:
             self._note_once(

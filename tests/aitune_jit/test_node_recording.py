@@ -279,3 +279,29 @@ def test_recorded_calls_that_fail_on_the_module_now_are_told_from_an_aitune_fail
     node._record_again("its recorded calls fail on it now (RuntimeError: dtype)")
     assert node.state is NodeState.RECORDING and node.recorder.total_calls == 0
     disable()
+
+
+def test_calls_under_a_torch_func_transform_are_neither_recorded_nor_dispatched():
+    # recorded, the per-example shapes of a vmap became samples and widened the ranges, and the re-tune that
+    # followed ran inside the program's vmap call (blocking), where a compiled function cannot run
+    _setup()
+    CountingBackend.reset_counts()
+    model = make_mlp().eval()
+    enable()
+    xs = torch.randn(5, 2, 32)
+    with torch.no_grad():
+        batched = torch.func.vmap(model)(xs)
+    node = PatchedModule.of(model)
+    assert node.state is NodeState.RECORDING and node.recorder.total_calls == 0
+    assert any("torch.func transform" in line for line in PatchedModule.history)
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.randn(2, 32))
+        assert node.state is NodeState.TUNED
+        dispatched = CountingBackend.infers
+        again = torch.func.vmap(model)(xs)
+        jacobian = torch.func.jacrev(model)(torch.randn(32))
+    assert CountingBackend.infers == dispatched  # the original module answered under the transforms
+    torch.testing.assert_close(again, batched)
+    assert jacobian.shape == (4, 32)
+    disable()

@@ -64,8 +64,9 @@ _logger = get_logger("dispatch")
 _NUMBERS = re.compile(r"\d+")
 
 
-def _functorch_transforms_active() -> bool:
-    """Whether the call runs inside a `torch.func` transform (vmap, grad, jvp): only asked after a backend failed."""
+def functorch_transforms_active() -> bool:
+    """Whether the call runs inside a `torch.func` transform (vmap, grad, jvp): asked after a backend failed, and by
+    the JIT before it records or dispatches a call (a compiled function cannot run under such a transform)."""
     check = getattr(torch._C, "_are_functorch_transforms_active", None)
     return bool(check()) if check is not None else False
 
@@ -173,7 +174,7 @@ class GraphDispatcher:
         # the original forward runs outside the handler above: an error it raises is chained exactly as in a plain
         # run (its own `raise ... from e`, its own context), never to the backend's error (a `from None` here wiped
         # a user's `__cause__`)
-        if refused_while_another_thread_traces(failure) or _functorch_transforms_active():
+        if refused_while_another_thread_traces(failure) or functorch_transforms_active():
             # nothing wrong with the backend (a compiled function under `torch.vmap`/`torch.func.grad` is not
             # supported by torch): no blame, no warning; later plain calls are served by it again
             return self._original(*args, **kwargs)
