@@ -18,7 +18,8 @@ def _named(module: str, qualname: str):
 
 
 def test_only_the_listed_library_hooks_are_inert():
-    capture = _named("transformers.utils.output_capturing", "install_output_capuring_hook.<locals>.output_capturing_hook")
+    capture = _named("transformers.utils.output_capturing",
+                     "install_output_capuring_hook.<locals>.output_capturing_hook")
     assert is_inert(capture)
     assert not is_inert(_named("transformers.utils.output_capturing", "some_other_hook"))
     assert not is_inert(_named("my_app.hooks", "output_capturing_hook"))  # same name, another module
