@@ -58,6 +58,7 @@ from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.batch_probes import batch_probes
 from aitune_core.backends.compile_regions import CompileRegions
 from aitune_core.backends.dynamic_marks import DynamicMarks
+from aitune_core.backends.gapped_inputs import pack
 from aitune_core.backends.inductor_failures import constraint_violation, region_failure
 from aitune_core.backends.inductor_options import check_from_file, check_options
 from aitune_core.backends.isolated_entry import isolated_entry
@@ -192,6 +193,7 @@ class TorchInductorBackend(Backend):
         self._soft_marks = False
         self._compiled_modes: set[tuple[bool, bool]] = set()  # (grad, inference mode) states compiled: `_infer`
         self._cudagraphs = False
+        self._packs = False  # program calls get packed copies of gapped tensor arguments (`gapped_inputs`)
         self._regions_off = False  # a compile with regions failed: this backend compiles without them
         self._regions: CompileRegions | None = None  # the classes marked while this backend is active
         #: what its compile traced once per repeated block class (`CompileRegions.describe`), for the history
@@ -355,6 +357,7 @@ class TorchInductorBackend(Backend):
                              "serve by recording again and again (on an H100, BERT at lengths 32..128 ran 2.4x "
                              "slower than Inductor without CUDA graphs)")
         self._regions_off = False
+        self._packs = not any(getattr(sample, "mutates_inputs", False) for sample in data)  # (`gapped_inputs`)
         ordered = self._order_for_warmup(graph_spec, data)
         try:
             used = self._mark_regions()
@@ -464,6 +467,8 @@ class TorchInductorBackend(Backend):
     def serve(self, *args: Any, **kwargs: Any) -> Any:
         """`infer`, without a compile on the caller's thread once its mode has a graph (module docstring)."""
         mode = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        if self._packs:
+            args, kwargs = pack(args, kwargs)
         if self._serving is None or mode not in self._compiled_modes or not self.is_active or not self.config.fullgraph:
             return self.infer(*args, **kwargs)
         return served(lambda: self._run(args, kwargs, self._serving))
