@@ -36,6 +36,7 @@ class CountingBackend(Backend):
     def _infer(self, *args: Any, **kwargs: Any) -> Any:
         with CountingBackend._lock:
             CountingBackend.infers += 1
+            self.own_infers = getattr(self, "own_infers", 0) + 1  # (this instance's: one node's backend)
         return self._module(*args, **kwargs)
 
 

@@ -34,12 +34,18 @@ def test_a_module_called_under_autocast_is_tuned_on_the_worker_under_that_autoca
     assert wait_until_tuned(timeout=30)
     node = PatchedModule.of(model)
     assert node.state is NodeState.TUNED, node.reason
-    infers = CountingBackend.infers
+    infers = _served_by(node)
     outputs = _autocast_run(model, [2, 4, 3], [True, True, False])
     reference = _autocast_run(make_mlp(), [2, 4, 3], [True, True, False])
     assert [o.dtype for o in outputs] == [torch.bfloat16, torch.bfloat16, torch.float32]
     torch.testing.assert_close(outputs, reference, rtol=0, atol=0)
-    assert CountingBackend.infers == infers + 2  # the plain call is another graph: the original forward
+    assert _served_by(node) == infers + 2  # the plain call is another graph: the original forward
+
+
+def _served_by(node: PatchedModule) -> int:
+    """Calls served by this node's own backends (a child node tuned under load counts in the class-wide count,
+    which once made this test see one call more)."""
+    return sum(getattr(backend, "own_infers", 0) for backend in node.backends)
 
 
 def test_calls_with_and_without_autocast_are_tuned_as_two_graphs(background, caplog):
