@@ -28,6 +28,7 @@ from aitune_core.recording.module_effects import ModuleEffects
 from aitune_core.recording.outside_effects import OutsideEffects
 from aitune_core.recording.sample import owned_inputs
 from aitune_core.validation.tensor_slots import tensor_slots
+from aitune_jit import reparametrized
 from aitune_jit.config import jit_config
 from aitune_jit.signal_passthrough import HandlerRaised
 from aitune_jit.state import NodeState
@@ -168,6 +169,13 @@ class NodeRecording:
                 "functorch",
                 f"{self.short} is called under a torch.func transform (vmap, grad, jacrev): those calls run eagerly "
                 "and are not recorded",
+            )
+            return False
+        if reparametrized.swapped(module):  # (recorded, its output came from the call's weights, not the module's)
+            self._note_once(
+                "functional_call",
+                f"{self.short} is called through torch.func.functional_call: those calls run eagerly and are "
+                "not recorded",
             )
             return False
         if module.training:

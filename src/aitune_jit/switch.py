@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aitune_core import thread_warnings
 from aitune_core.log import install_stderr_warnings, remove_stderr_warnings
-from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_draws, job_rng
+from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_draws, job_rng, reparametrized
 
 
 def enable() -> None:
@@ -19,6 +19,7 @@ def enable() -> None:
     # one made at start-up saw the process-wide flag a job's trace raises ("using FX to symbolically trace a
     # dynamo-optimized function" from the program's compiled model; `fx_trace_lock`)
     fx_trace_lock.install()
+    reparametrized.install()  # (calls under `torch.func.functional_call` run the original module)
     compiler_prefetch.start()
 
 
@@ -30,6 +31,7 @@ def disable() -> None:
     job_rng.uninstall()
     job_draws.uninstall()
     fx_trace_lock.uninstall()
+    reparametrized.uninstall()
     thread_warnings.uninstall()
     remove_stderr_warnings()
 

@@ -305,3 +305,37 @@ def test_calls_under_a_torch_func_transform_are_neither_recorded_nor_dispatched(
     torch.testing.assert_close(again, batched)
     assert jacobian.shape == (4, 32)
     disable()
+
+
+def test_calls_through_functional_call_are_neither_recorded_nor_dispatched():
+    # recorded, their outputs came from the call's weights; in blocking mode a BERT called this way now and then
+    # was tuned again after eight misses and that tuning failed validation: eager for good
+    _setup()
+    CountingBackend.reset_counts()
+    model, other = make_mlp().eval(), make_mlp().eval()
+    params = dict(other.named_parameters())
+    enable()
+    x = torch.randn(2, 32)
+    with torch.no_grad():
+        swapped = torch.func.functional_call(model, params, (x,))
+        node = PatchedModule.of(model)
+        assert node.recorder.total_calls == 0
+        for _ in range(4):
+            model(torch.randn(2, 32))
+        assert node.state is NodeState.TUNED
+        dispatched = CountingBackend.infers
+        again = torch.func.functional_call(model, params, (x,))
+        own = model(x)
+    assert CountingBackend.infers == dispatched + 1  # only the plain call went to the backend
+    torch.testing.assert_close(again, swapped)
+    torch.testing.assert_close(swapped, _plain(other, x))
+    torch.testing.assert_close(own, _plain(model, x))
+    assert any("functional_call" in line for line in PatchedModule.history)
+    disable()
+
+
+def _plain(module, x):
+    from aitune_jit.runtime import bypassed
+
+    with bypassed(), torch.no_grad():
+        return module(x)
