@@ -3,6 +3,7 @@ attributes or draws random numbers is named; a pure call, and aitune's or torch'
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import random
 import types
@@ -26,6 +27,8 @@ class _Net(nn.Module):
         self.meter = types.SimpleNamespace(n=0, total=torch.zeros(()))
         self.config = types.SimpleNamespace(width=4, labels={0: "a"})  # read, never written
         self.logger = logging.getLogger("tests.module_effects")  # a level cache that fills is not the forward's
+        self.generator = torch.Generator().manual_seed(1)  # the program's own streams: read, unless drawn from
+        self.python_random = random.Random(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         effect = self.effect
@@ -41,6 +44,12 @@ class _Net(nn.Module):
             x = x + torch.randn_like(x)
         elif effect == "python-random":
             x = x * random.random()
+        elif effect == "own-generator":
+            x = x + torch.rand(x.shape, generator=self.generator)
+        elif effect == "own-python-random":
+            x = x * self.python_random.random()
+        elif effect == "numpy-global":
+            x = x * float(__import__("numpy").random.rand())
         elif effect == "child-weight":
             self.fc.weight.mul_(1.0)
         elif effect == "dict-tensor":
@@ -77,6 +86,9 @@ def test_each_kind_of_effect_is_named():
         "append": "its attribute `log`",
         "torch-random": "torch's random generator",
         "python-random": "Python's random module",
+        # generators the program keeps itself (before, replays took their numbers unseen)
+        "own-generator": "its random generator `generator`",
+        "own-python-random": "its random generator `python_random`",
         "child-weight": "its tensor `fc.weight`",
         # state kept one level down: in a dict attribute, or a plain object's attribute
         "dict-tensor": "its attribute `stats`",
@@ -85,6 +97,8 @@ def test_each_kind_of_effect_is_named():
         "namespace": "its attribute `meter`",
         "namespace-tensor": "its attribute `meter`",
     }
+    if importlib.util.find_spec("numpy") is not None:
+        expected["numpy-global"] = "numpy's global random state"
     for effect, words in expected.items():
         changed = _changes(_Net(effect))
         assert changed is not None and words in changed, (effect, changed)

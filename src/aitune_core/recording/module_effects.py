@@ -7,8 +7,9 @@ a replay would do again:
 - the module's tensors: a forward that writes its buffers (a step counter, running statistics, a ring buffer of
   past outputs) or rebinds them would see every replay as one more step;
 - its plain Python attributes: a forward that counts its calls or appends to a list attribute;
-- the random streams (torch's default CPU generator, the current CUDA device's, Python's `random`): a forward that
-  draws noise (`torch.randn_like`, dropout) would take numbers that the program's later draws would have had.
+- the random streams (torch's default CPU generator, the current CUDA device's, Python's `random`, numpy's global
+  stream; generators kept in its attributes count through their fingerprints, `rng_state`): a forward that draws
+  noise (`torch.randn_like`, dropout) would take numbers that the program's later draws would have had.
 
 Measured with scripts a user could write (this CPU, 2026-11-26): a buffer counter read 114 after two calls
 instead of 2, a call counter went backwards, and the program's own `torch.rand` values changed after tuning.
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 
+from aitune_core.recording.rng_state import numpy_global_state
 from aitune_core.recording.value_fingerprint import contents_fingerprint, tensor_fingerprint
 
 #: levels looked into a module attribute (`value_fingerprint.contents_fingerprint`): a dict of lists of tensors
@@ -64,6 +66,9 @@ def _random_states() -> dict[str, Any]:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         with contextlib.suppress(Exception):  # (a device that cannot report it: nothing to compare)
             states["the CUDA random generator"] = torch.cuda.default_generators[torch.cuda.current_device()].get_state()
+    numpy_state = numpy_global_state()
+    if numpy_state is not None:
+        states["numpy's global random state"] = numpy_state
     return states
 
 
@@ -129,5 +134,5 @@ def _qualified(name: str, key: str) -> str:
 
 def _describe(name: str, key: str, fingerprint: Any) -> str:
     kind = fingerprint[0] if isinstance(fingerprint, tuple) else ""
-    what = "tensor" if kind == "tensor" else "attribute"
+    what = {"tensor": "tensor", "generator": "random generator"}.get(kind, "attribute")
     return f"its {what} `{_qualified(name, key)}`"

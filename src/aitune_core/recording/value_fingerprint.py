@@ -5,7 +5,8 @@ before it is replayed (`module_effects`, `outside_effects`). A fingerprint reads
 identity and version counter, which every in-place write moves.
 
 - `fingerprint(value)`: one level - simple values by value, tensors by identity and version, the given sized
-  containers by identity and length, anything else by identity.
+  containers by identity and length, random-number generators by their state (`rng_state`), anything else by
+  identity.
 - `contents_fingerprint(value, depth)`: also looks `depth` levels into dicts, lists, tuples, deques and plain
   objects (instances with a `__dict__` that are not modules, classes, functions or the standard library's
   machinery). Where state is kept one level down, the one-level fingerprint saw nothing: a step count in
@@ -28,6 +29,8 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+
+from aitune_core.recording.rng_state import rng_state
 
 SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
 SIZED = (list, dict, set, bytearray)
@@ -56,6 +59,9 @@ def fingerprint(value: Any, sized: tuple[type, ...] = SIZED) -> Any:
         return ("value", type(value), value if value == value else "nan")
     if isinstance(value, sized):
         return ("sized", id(value), len(value))
+    state = rng_state(value)  # (a generator the program keeps: by its state, which every draw moves)
+    if state is not None:
+        return ("generator", id(value), state)
     return ("object", id(value))
 
 
@@ -104,7 +110,7 @@ def _contents(value: Any, depth: int, memo: dict[int, Any]) -> Any:
     if isinstance(value, (list, tuple, collections.deque)):
         items = _ends(iter(value), len(value), reversed(value))
         return ("sequence", id(value), len(value), tuple(contents_fingerprint(v, inner, memo) for v in items))
-    if _plain(value):
+    if _plain(value) and rng_state(value) is None:  # (a `random.Random` has a `__dict__` too: by its state)
         state = vars(value)
         items = _ends(state.items(), len(state), reversed(state.items()))
         return ("plain", id(value), tuple((k, contents_fingerprint(v, inner, memo)) for k, v in items))
