@@ -111,14 +111,14 @@ def test_a_pure_call_a_cache_filled_by_shape_and_a_disabled_log_level_are_no_cha
 
 
 def test_the_streams_and_the_record_factory_are_put_back_and_print_reaches_the_program(capsys):
-    stdout, stderr, factory = sys.stdout, sys.stderr, logging.getLogRecordFactory()
+    stdout, stderr, factory, save = sys.stdout, sys.stderr, logging.getLogRecordFactory(), torch.save
     outer = OutsideEffects.before(_Net())
     inner = OutsideEffects.before(_Net())  # nested on the same thread: one stand-in
-    assert sys.stdout is not stdout
+    assert sys.stdout is not stdout and torch.save is not save
     print("visible")
     assert inner.changes() == "prints or logs" and sys.stdout is not stdout
     assert outer.changes() == "prints or logs"
-    assert (sys.stdout, sys.stderr, logging.getLogRecordFactory()) == (stdout, stderr, factory)
+    assert (sys.stdout, sys.stderr, logging.getLogRecordFactory(), torch.save) == (stdout, stderr, factory, save)
     assert capsys.readouterr().out == "visible\n"
 
 
@@ -151,3 +151,57 @@ def test_another_threads_printing_is_not_the_calls_doing(capsys):
     _Net("")(torch.randn(2, 4))
     assert watch.changes() is None
     assert "from another thread" in capsys.readouterr().out
+
+
+class _Writer(nn.Module):
+    """Writes outside the process (a log file, a file made and removed, `torch.save`), or only reads."""
+
+    def __init__(self, folder, how: str, child: nn.Module | None = None) -> None:
+        super().__init__()
+        self.folder, self.how, self.child = folder, how, child
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "append":
+            with open(self.folder / "log.txt", "a") as handle:
+                handle.write("call\n")
+        elif self.how == "save":
+            torch.save(x, self.folder / "x.pt")
+        elif self.how == "remove":
+            (self.folder / "old.txt").write_text("x")
+            (self.folder / "old.txt").unlink()
+        elif self.how == "read":
+            (self.folder / "in.txt").read_text()
+        return self.child(x) if self.child is not None else x + 1
+
+
+def _watched(module: nn.Module, x: torch.Tensor) -> str | None:
+    watch = OutsideEffects.before(module)
+    module(x)
+    return watch.changes()
+
+
+@pytest.mark.parametrize("how", ["append", "remove", "save"])
+def test_a_forward_that_writes_a_file_is_named_by_its_audit_event(tmp_path, how):
+    # before, each replay of tuning wrote again: a log file had 16 lines after 2 calls
+    changed = _watched(_Writer(tmp_path, how), torch.ones(2))
+    assert changed is not None and "writes outside the process" in changed
+    assert {"append": "`open`", "remove": "`os.remove`", "save": "`torch.save`"}[how] in changed
+
+
+def test_reading_a_file_is_no_change_and_a_parents_write_is_not_its_childs(tmp_path):
+    (tmp_path / "in.txt").write_text("x")
+    assert _watched(_Writer(tmp_path, "read"), torch.ones(2)) is None
+    child = _Writer(tmp_path, "read")
+    child_changes: list[str | None] = []
+
+    class _Parent(nn.Module):
+        def forward(self, x):
+            with open(tmp_path / "log.txt", "a") as handle:  # the parent's write, before its child is watched
+                handle.write("parent\n")
+            watch = OutsideEffects.before(child)
+            out = child(x)
+            child_changes.append(watch.changes())
+            return out
+
+    assert "writes outside the process" in _watched(_Parent(), torch.ones(2))
+    assert child_changes == [None]

@@ -20,7 +20,15 @@ What is fingerprinted before the call and compared after it:
 - the attributes of the module classes themselves (`type(self).calls += 1`), the same way;
 - text written to `sys.stdout` or `sys.stderr` by the calling thread, and log records made on it (outside
   aitune's own loggers), while the call ran: `_OutputRoute` stands in for both streams and for the log record
-  factory while any watch runs, passes everything on unchanged, and counts only the watching threads' writes.
+  factory while any watch runs, passes everything on unchanged, and counts only the watching threads' writes;
+- what the calling thread did to files, processes and the network, from Python's audit events (`open` for
+  writing, removing or renaming files, starting a process, connecting or sending on a socket: `_WRITE_EVENTS`).
+  A helper's script on this project's CPU whose forward appended a line to a file had 16 lines after 2 calls:
+  each replay wrote again before the graph break sent the module to eager. The hook (`sys.addaudithook`, which
+  cannot be taken off) is added at the first watch and returns at once while no watch runs. `torch.save`, whose
+  C++ writer opens a path without an audit event, is noted by a stand-in while any watch runs (a script that
+  saved an activation per call left 14 files too many). Writes that raise no audit event otherwise are not
+  seen: a direct `os.write` to a file descriptor, a `save` imported from torch before the watch began.
 
 A watch must end: `changes()` ends it, and `abandon()` does when the forward raised.
 """
@@ -30,12 +38,14 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import os
 import sys
 import threading
 from typing import Any
 
 import torch
 
+from aitune_core.patch import Patch
 from aitune_core.recording.module_effects import first_difference
 from aitune_core.recording.value_fingerprint import entries, fingerprint
 
@@ -97,15 +107,57 @@ class _CountingStream:
         return getattr(self._target, name)
 
 
+#: audit events by which a call changes something outside the process's memory (besides `open` for writing)
+_WRITE_EVENTS = frozenset({
+    "os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.truncate", "os.link", "os.symlink", "shutil.rmtree",
+    "shutil.move", "shutil.copyfile", "os.system", "subprocess.Popen", "os.posix_spawn", "os.spawn", "os.exec",
+    "os.fork", "os.kill", "socket.connect", "socket.sendto", "socket.sendmsg",
+})
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+
+
+def _writes(event: str, args: tuple[Any, ...]) -> bool:
+    """Whether an audit event changes something outside the process (see `_WRITE_EVENTS`)."""
+    if event == "open":
+        mode = args[1] if len(args) > 1 else None
+        if isinstance(mode, str):
+            return any(letter in mode for letter in "wax+")
+        flags = args[2] if len(args) > 2 else 0
+        return isinstance(flags, int) and bool(flags & _WRITE_FLAGS)
+    return event in _WRITE_EVENTS
+
+
 class _OutputRoute:
-    """Counts what watching threads print and log (see the module docstring); installed while any watch runs."""
+    """Counts what watching threads print and log, and notes what they write outside the process (see the module
+    docstring); installed while any watch runs."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: dict[int, int] = {}  # thread -> watches running on it
         self._events: collections.Counter[int] = collections.Counter()  # thread -> writes and records so far
+        self._wrote: collections.Counter[int] = collections.Counter()  # thread -> audit events that wrote outside
+        self._last: dict[int, str] = {}  # thread -> the last such event's name
+        self._audited = False  # (the audit hook, added once: Python cannot remove one)
         self._streams: dict[str, _CountingStream] = {}
         self._factory: functools.partial | None = None  # the stand-in record factory, while installed
+        self._save: Patch | None = None  # `torch.save` noted, while installed
+
+    def _audit(self, event: str, args: tuple[Any, ...]) -> None:
+        if not self._active:
+            return
+        try:
+            ident = threading.get_ident()
+            if ident in self._active and _writes(event, args):
+                self._wrote[ident] += 1
+                self._last[ident] = event
+        except Exception:  # (an audit hook must never raise into the code that raised the event)
+            pass
+
+    def wrote(self) -> tuple[int, str | None]:
+        """How many audit events wrote outside the process on the calling thread during its watches, and the last
+        one's name."""
+        ident = threading.get_ident()
+        return self._wrote[ident], self._last.get(ident)
 
     def note(self) -> None:
         ident = threading.get_ident()
@@ -130,11 +182,16 @@ class _OutputRoute:
             else:
                 self._active.pop(ident, None)
                 self._events.pop(ident, None)
+                self._wrote.pop(ident, None)
+                self._last.pop(ident, None)
             if not self._active:
                 self._uninstall()
             return count
 
     def _install(self) -> None:
+        if not self._audited:
+            sys.addaudithook(self._audit)
+            self._audited = True
         for name in ("stdout", "stderr"):
             stream = getattr(sys, name)
             if stream is not None:
@@ -142,8 +199,21 @@ class _OutputRoute:
                 setattr(sys, name, self._streams[name])
         self._factory = functools.partial(self._record, logging.getLogRecordFactory())
         logging.setLogRecordFactory(self._factory)
+        self._save = Patch(torch, "save", functools.partial(self._saving, torch.save)).apply()
+
+    def _saving(self, save: Any, *args: Any, **kwargs: Any) -> Any:
+        """`torch.save` as the program called it, noted for a watching thread: its C++ writer opens a path without
+        an audit event."""
+        ident = threading.get_ident()
+        if ident in self._active:
+            self._wrote[ident] += 1
+            self._last[ident] = "torch.save"
+        return save(*args, **kwargs)
 
     def _uninstall(self) -> None:
+        if self._save is not None:
+            self._save.restore()  # (a `torch.save` the program set since is kept: `Patch.restore`)
+            self._save = None
         for name, proxy in self._streams.items():
             if getattr(sys, name) is proxy:  # (a stream the program set since is the program's: kept)
                 setattr(sys, name, proxy._target)
@@ -166,12 +236,13 @@ _ROUTE = _OutputRoute()
 class OutsideEffects:
     """The fingerprint of what a call of `module` could change outside it, taken before the call."""
 
-    __slots__ = ("_events", "_spaces", "_state")
+    __slots__ = ("_events", "_spaces", "_state", "_wrote")
 
     def __init__(self, spaces: dict[str, Any]) -> None:
         self._spaces = spaces
         self._state = _state(spaces)
         self._events: int | None = _ROUTE.start()
+        self._wrote = _ROUTE.wrote()[0]
 
     @classmethod
     def before(cls, module: torch.nn.Module) -> OutsideEffects:
@@ -189,8 +260,11 @@ class OutsideEffects:
         if self._events is None:
             return None
         events, self._events = self._events, None
+        wrote, last = _ROUTE.wrote()
         if _ROUTE.stop() != events:
             return "prints or logs"
+        if wrote != self._wrote:
+            return f"writes outside the process (audit event `{last}`: a file, a process or the network)"
         difference = first_difference(self._state, _state(self._spaces), added=_added_global)
         if difference is None:
             return None
