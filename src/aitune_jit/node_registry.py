@@ -37,6 +37,9 @@ class TreeNode(Protocol):
     @property
     def fallbacks(self) -> int: ...
 
+    @property
+    def missed_code(self) -> int: ...
+
 
 class NodeRegistry:
     """The roots of the call trees (weakly: a dead module's node goes with it), how many nodes were ever made, and

@@ -330,7 +330,7 @@ class NodeTransitions:
             self._note_once(f"compiles-{name}", f"{self.short}: calls of graph {name} still miss its compiled code "
                             f"after {MAX_RETUNES} tunings; its backend compiles them inside the call from now on")
             return False
-        if not self._tuning and self._growth.missed(name):
+        if not self._tuning and self._growth.missed(name, code=True):
             self._log(f"{self.short}: {jit_config.retune_after_misses} calls of graph {name} missed its compiled "
                       "code (dynamo's guards failed: a global, an attribute, a config value or an input layout it "
                       "was traced with changed) and ran the original forward; tuning it again")

@@ -79,6 +79,12 @@ class NodeViews:
         """Calls of tuned graphs that ran eagerly because their shapes were outside the tuned ranges."""
         return self._growth.total
 
+    @property
+    def missed_code(self) -> int:
+        """Calls of tuned graphs that missed the compiled code (a changed attribute, global, config value or grad
+        mode failed dynamo's guards) and ran the original forward."""
+        return self._growth.code_total
+
     def __repr__(self) -> str:
         return f"<PatchedModule {self.path} {self.state.name}>"
 

@@ -20,17 +20,22 @@ MAX_RETUNES = 3
 class RangeGrowth:
     """Per node: calls of each tuned graph that ran eagerly because their shapes were outside its ranges."""
 
-    __slots__ = ("due", "misses", "retunes", "total")
+    __slots__ = ("code_total", "due", "misses", "retunes", "total")
 
     def __init__(self) -> None:
         self.misses: dict[str, int] = {}  # since the graph was last tuned
         self.retunes: dict[str, int] = {}
         self.due: set[str] = set()  # graphs to tune again on the next tuning pass
         self.total = 0  # every call that ran eagerly outside a tuned range
+        self.code_total = 0  # every call that missed its graph's compiled code (`code=True`): no shape of its own
 
-    def missed(self, name: str) -> bool:
-        """Count one call of tuned graph `name` outside its ranges; True when the graph is now due for re-tuning."""
-        self.total += 1
+    def missed(self, name: str, *, code: bool = False) -> bool:
+        """Count one call of tuned graph `name` outside its ranges (or, `code`, one that missed the compiled code:
+        dynamo's guards failed); True when the graph is now due for re-tuning."""
+        if code:
+            self.code_total += 1
+        else:
+            self.total += 1
         threshold = jit_config.retune_after_misses
         if threshold <= 0 or name in self.due or self.retunes.get(name, 0) >= MAX_RETUNES:
             return False

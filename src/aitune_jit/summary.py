@@ -112,6 +112,10 @@ def summary_lines() -> list[str]:
     for node in nodes:
         if node.state is NodeState.TUNED and node.fallbacks:
             lines.append(f"  ↪ {node.path}: {node.fallbacks} call(s) outside the tuned shape ranges ran eagerly")
+        if node.state is NodeState.TUNED and node.missed_code:
+            lines.append(f"  ↪ {node.path}: {node.missed_code} call(s) missed the compiled code (an attribute, a "
+                         "global, a config value or the grad mode changed since it was traced) and ran the original "
+                         "forward")
     eager = [node for node in nodes if node.state is NodeState.EAGER]
     for node in eager[:10]:
         lines.append(f"  ⚠️ {node.path} stayed eager: {node.reason}")

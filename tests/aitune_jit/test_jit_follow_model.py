@@ -20,6 +20,7 @@ from aitune_jit.config import jit_config
 from aitune_jit.patched_module import PatchedModule
 from aitune_jit.runtime import bypassed
 from aitune_jit.state import NodeState
+from aitune_jit.summary import summary_lines
 from aitune_jit.switch import enable
 
 
@@ -299,6 +300,8 @@ def test_when_a_compiled_graphs_guards_fail_the_original_answers_and_the_module_
             assert torch.equal(net(x), _eager_run(lambda: eager(x)))
         assert counters["stats"]["unique_graphs"] == graphs  # none of those calls compiled
         assert node.state is NodeState.TUNED and node.dispatcher.code_misses == jit_config.retune_after_misses - 1
+        assert node.missed_code == jit_config.retune_after_misses - 1 and node.fallbacks == 0  # (not a shape)
+        assert any("missed the compiled code" in line for line in summary_lines())
         assert torch.equal(net(x), _eager_run(lambda: eager(x)))  # the one that starts the tuning again
         assert node.state is NodeState.RECORDING, "\n".join(PatchedModule.history[-4:])
         assert any("recorded calls no longer match" in line for line in PatchedModule.history)
