@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 import threading
 import time
@@ -33,6 +34,8 @@ THIN_SEPARATOR = "-" * 60
 RENDER_WIDTH = 160
 
 STDERR_FORMAT = "[aitune] %(levelname)s: %(message)s"
+#: the `aitune` logger's level in a program switched on from outside (`quiet_progress`), e.g. INFO or DEBUG
+LEVEL_ENV = "AITUNE_LOG_LEVEL"
 #: distinct causes remembered by the stderr handler; beyond that, repeats may show again
 MAX_CAUSES = 10_000
 
@@ -167,6 +170,41 @@ def install_stderr_warnings() -> StderrWarningHandler | None:
     handler = StderrWarningHandler()
     logger.addHandler(handler)
     return handler
+
+
+_quieted = [False]  # `quiet_progress` set the `aitune` logger's level (and `restore_progress` may undo it)
+
+
+def quiet_progress() -> None:
+    """Keep aitune's INFO progress lines out of a program that did not ask for them (idempotent).
+
+    Why: a script switched on from outside (the JIT's environment variable, import line, decorator, launcher)
+    knows nothing of aitune; if it logs at INFO through the root logger (`logging.basicConfig(level=INFO,
+    stream=sys.stdout)`), the `aitune.*` records would propagate into its own output, dozens of lines the plain
+    run never printed. So the `aitune` logger gets level WARNING, unless the program set a level on it itself;
+    `AITUNE_LOG_LEVEL` (a level name: INFO, DEBUG) asks for the progress lines again. WARNINGs (a backend that
+    failed, the exit summary) still reach the program's handlers or aitune's stderr handler.
+    """
+    logger = logging.getLogger(ROOT_LOGGER_NAME)
+    wanted = os.environ.get(LEVEL_ENV, "").strip().upper()
+    if wanted:
+        level = logging.getLevelName(wanted)
+        if isinstance(level, int):
+            logger.setLevel(level)
+            return
+        logger.warning("%s=%r is not a logging level name (DEBUG, INFO, WARNING, ERROR); using WARNING",
+                       LEVEL_ENV, wanted)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+        _quieted[0] = True
+
+
+def restore_progress() -> None:
+    """Undo `quiet_progress` (the level it set, if the program did not change it since)."""
+    logger = logging.getLogger(ROOT_LOGGER_NAME)
+    if _quieted[0] and logger.level == logging.WARNING:
+        logger.setLevel(logging.NOTSET)
+    _quieted[0] = False
 
 
 def remove_stderr_warnings() -> None:

@@ -19,7 +19,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from aitune_core.log import install_stderr_warnings
+from aitune_core.log import install_stderr_warnings, quiet_progress
 from aitune_jit import hook
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -27,10 +27,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 class prepare_for_jit_tuning(contextlib.ContextDecorator):
     """Context manager (and decorator): modules this thread constructs inside it become JIT candidates.
-    aitune's WARNINGs go to stderr unless the application configured logging (`install_stderr_warnings`)."""
+    aitune's WARNINGs go to stderr unless the application configured logging (`install_stderr_warnings`); its
+    INFO lines stay out of the program's own logging unless asked for (`quiet_progress`)."""
 
     def __enter__(self) -> prepare_for_jit_tuning:
         install_stderr_warnings()
+        quiet_progress()
         hook.open_scope()
         return self
 

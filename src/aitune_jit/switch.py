@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from aitune_core import thread_warnings
-from aitune_core.log import install_stderr_warnings, remove_stderr_warnings
+from aitune_core.log import install_stderr_warnings, quiet_progress, remove_stderr_warnings, restore_progress
 from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_draws, job_rng, reparametrized
 
 
 def enable() -> None:
     """Patch `torch.nn.Module.__call__` and tune every module outside torch internals and containers,
     including modules constructed before this call. aitune's WARNINGs go to stderr unless the application
-    configured logging (`aitune_core.log.install_stderr_warnings`). A warm JIT cache starts loading torch's
-    compiler in the background (`compiler_prefetch`)."""
+    configured logging (`aitune_core.log.install_stderr_warnings`), its INFO lines nowhere unless asked for
+    (`quiet_progress`). A warm JIT cache starts loading torch's compiler in the background (`compiler_prefetch`)."""
     install_stderr_warnings()
+    quiet_progress()
     hook.install()
     hook.set_global_mode(True)
     # before the program's own `torch.compile` wraps anything: a wrapper reads FX's tracing flag at wrap time, and
@@ -34,6 +35,7 @@ def disable() -> None:
     reparametrized.uninstall()
     thread_warnings.uninstall()
     remove_stderr_warnings()
+    restore_progress()
 
 
 def is_enabled() -> bool:

@@ -12,8 +12,10 @@ from aitune_core.log import (
     get_logger,
     install_stderr_warnings,
     log_separator,
+    quiet_progress,
     remove_stderr_warnings,
     render_to_str,
+    restore_progress,
     timed,
 )
 
@@ -122,3 +124,45 @@ def test_warn_visibly_goes_to_stderr_without_a_handler_and_to_logging_with_one(c
         warn_visibly(logger, "value %r is ignored", "xyz")
     assert [r.getMessage() for r in caplog.records] == ["value 'xyz' is ignored"]
     assert capsys.readouterr().err == ""
+
+
+@pytest.fixture
+def aitune_level():
+    logger = logging.getLogger("aitune")
+    before = logger.level
+    logger.setLevel(logging.NOTSET)
+    yield logger
+    restore_progress()
+    logger.setLevel(before)
+
+
+def test_quiet_progress_keeps_info_out_of_a_program_that_logs_at_info(aitune_level, monkeypatch, caplog):
+    monkeypatch.delenv("AITUNE_LOG_LEVEL", raising=False)
+    quiet_progress()
+    assert aitune_level.level == logging.WARNING
+    with caplog.at_level(logging.INFO):  # the program's root logger at INFO
+        get_logger("jit").info("a progress line")
+        get_logger("jit").warning("a warning")
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("aitune")] == ["a warning"]
+    restore_progress()
+    assert aitune_level.level == logging.NOTSET
+
+
+def test_quiet_progress_leaves_a_level_the_program_set(aitune_level, monkeypatch):
+    monkeypatch.delenv("AITUNE_LOG_LEVEL", raising=False)
+    aitune_level.setLevel(logging.DEBUG)
+    quiet_progress()
+    restore_progress()
+    assert aitune_level.level == logging.DEBUG
+
+
+def test_quiet_progress_takes_the_level_named_in_the_environment(aitune_level, monkeypatch, caplog):
+    monkeypatch.setenv("AITUNE_LOG_LEVEL", "info")
+    quiet_progress()
+    assert aitune_level.level == logging.INFO
+    aitune_level.setLevel(logging.NOTSET)
+    monkeypatch.setenv("AITUNE_LOG_LEVEL", "LOUD")
+    with caplog.at_level(logging.WARNING):
+        quiet_progress()
+    assert aitune_level.level == logging.WARNING
+    assert any("AITUNE_LOG_LEVEL='LOUD' is not a logging level" in r.getMessage() for r in caplog.records)

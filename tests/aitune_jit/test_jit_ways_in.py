@@ -195,3 +195,29 @@ def test_warnings_reach_stderr_once_per_cause_in_an_unmodified_script(tmp_path):
     script.write_text("import logging\nlogging.basicConfig()\n" + WARNS)
     err = _run([str(script)], env).stderr
     assert err.count("WARNING:aitune.jit:a cause X") == 3 and "[aitune]" not in err, err
+
+
+INFO_TO_STDOUT = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(levelname)s %(name)s %(message)s")
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+with torch.no_grad():
+    for _ in range(3):
+        model(torch.ones(2, 4))
+logging.getLogger("app").info("served")
+"""
+
+
+def test_a_program_logging_info_to_stdout_gets_no_aitune_lines_there(tmp_path):
+    script = tmp_path / "info.py"
+    script.write_text(INFO_TO_STDOUT)
+    env = _env(tmp_path, AUTOWRAPT_BOOTSTRAP="aitune_enable_jit_tuning", AITUNE_JIT_BLOCKING="1",
+               AITUNE_JIT_MIN_SAMPLES="2")
+    env.pop("AITUNE_LOG_LEVEL", None)
+    lines = _run([str(script)], env).stdout.splitlines()
+    assert "INFO app served" in lines
+    # of aitune's, only the WARNING summary at exit (INFO progress lines: none)
+    assert [line for line in lines if "aitune" in line and not line.startswith("WARNING aitune")] == [], lines
+    env["AITUNE_LOG_LEVEL"] = "INFO"  # asked for: the progress lines come back
+    assert any(line.startswith("INFO aitune.") for line in _run([str(script)], env).stdout.splitlines())
