@@ -107,7 +107,8 @@ class TorchInductorBackendConfig(BackendConfig):
             configs read back from JSON); None means the device's autocast default (float16 on CUDA, bfloat16 on
             CPU).
         regions: trace identical sibling blocks once, as nested compile regions (`compile_regions`); a compile
-            that fails with them is tried again without.
+            that fails with them is tried again without. On a GPU, a graph whose calls change their arguments
+            (a decoding step) compiles whole regardless: its host work is in every call.
     """
 
     fullgraph: bool = False
@@ -170,6 +171,15 @@ def _varying_sequence_axis(graph_spec: GraphSpec) -> str | None:
             if high > low:
                 return f"axis {axis} of {spec.name or 'an input'} takes {high - low + 1} sizes ({low}..{high})"
     return None
+
+
+def compiles_whole(data: list[Sample], device: torch.device | None) -> bool:
+    """Whether a graph compiles without nested compile regions whatever the config says: on a GPU, one whose calls
+    change their arguments (a decoding step and its KV cache). Such a graph is never a CUDA graph, so its host work
+    stays in every call, and regions add a call, input checks and unfused block edges per block to it (GPT-2
+    `generate()` on an H200: 12 region calls a step, 1.24x torch.compile's time, `benchmarks/probes/decode_gap.py`).
+    Compiling whole costs compile time once, in the background."""
+    return device is not None and device.type == "cuda" and any(getattr(s, "mutates_inputs", False) for s in data)
 
 
 class TorchInductorBackend(Backend):
@@ -356,7 +366,7 @@ class TorchInductorBackend(Backend):
             raise ValueError(f"CUDA graphs record one graph per size, and {varying}: a graph this backend would "
                              "serve by recording again and again (on an H100, BERT at lengths 32..128 ran 2.4x "
                              "slower than Inductor without CUDA graphs)")
-        self._regions_off = False
+        self._regions_off = compiles_whole(data, self._device)
         self._packs = not any(getattr(sample, "mutates_inputs", False) for sample in data)  # (`gapped_inputs`)
         ordered = self._order_for_warmup(graph_spec, data)
         try:
