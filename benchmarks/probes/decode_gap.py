@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -106,13 +107,25 @@ def serve(args: argparse.Namespace) -> int:
     deadline = time.perf_counter() + 300
     while not _worker_idle() and time.perf_counter() < deadline:
         request()
-    latencies = []
+    latencies, busy = [], 0
+    collections: list[tuple[int, float]] = []  # (generation, ms) of the collections during the timed requests
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            collections.append((info["generation"], 1e3 * (time.perf_counter() - started.pop())))
+
+    gc.callbacks.append(on_gc)
     for _ in range(args.iters):
+        busy += not _worker_idle()
         start = time.perf_counter()
         request()
         if device.type == "cuda":
             torch.cuda.synchronize()
         latencies.append(1e3 * (time.perf_counter() - start))
+    gc.callbacks.remove(on_gc)
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.profile_iters):
@@ -120,7 +133,10 @@ def serve(args: argparse.Namespace) -> int:
     if device.type == "cuda":
         torch.cuda.synchronize()
     profiler.disable()
-    result = {"median_ms": statistics.median(latencies), "latencies_ms": latencies}
+    result = {"median_ms": statistics.median(latencies), "latencies_ms": latencies, "worker_busy_requests": busy,
+              "collections_ms_by_generation": {g: round(sum(ms for gen, ms in collections if gen == g), 2)
+                                               for g in (0, 1, 2)},
+              "collections": len(collections), "objects_tracked": len(gc.get_objects())}
     if args.profile_iters:
         result["profile"] = _profile_summary(profiler, args.profile_iters)
     Path(args.out_serve).write_text(json.dumps(result))
