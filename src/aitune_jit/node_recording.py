@@ -77,6 +77,24 @@ class NodeRecording:
             raise interrupted  # (outside the handlers above: its context stays what the program had)
         return output
 
+    def _missed_call(self, graph: str, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        """A call of tuned graph `graph` whose compiled code's guards failed runs here (the dispatcher's
+        `on_plain_run`): the original forward, recorded and kept whatever its shapes (`RangeGrowth.keep_missed`), so
+        the re-tune its misses lead to compiles its input layout too. Seen with GPT-2's `generate()`: the first
+        decoding step after a compiled prefill gets the cache in the prefill graph's output strides, which the decode
+        graph, recorded while the prefill ran eagerly, never saw; every `generate()` missed once, and re-tunes on
+        the old samples missed again."""
+        if self._tuning or self._recorder is None or not self._growth.keep_missed(graph):
+            return forward(*args, **kwargs)
+        watch = self._watch(args, kwargs)
+        before = self._copy_before(args, kwargs) if self._stateful else None
+        output = forward(*args, **kwargs)
+        try:
+            self._record(args, kwargs, output, watch, before, keep=True)
+        except Exception as exc:  # aitune's own failure: never the user's call
+            self._internal_error("recording", exc)
+        return output
+
     def _watch(self, args: tuple, kwargs: dict) -> ArgumentWatch | None:
         try:
             recorder = self._recorder
@@ -213,6 +231,8 @@ class NodeRecording:
         output: Any,
         watch: ArgumentWatch | None = None,
         before: tuple[tuple, dict] | Exception | None = None,
+        *,
+        keep: bool = False,
     ) -> None:
         recorder = self._recorder
         if recorder is None:
@@ -234,7 +254,7 @@ class NodeRecording:
             else:
                 args, kwargs = watch.args, watch.kwargs  # as the forward received them
         try:
-            spec = recorder.record(args, kwargs, output, after=after)
+            spec = recorder.record(args, kwargs, output, after=after, keep=keep)
         except Exception as exc:
             reason = f"its calls cannot be recorded ({type(exc).__name__}: {exc})"
             _logger.debug("Recording %s failed", self.path, exc_info=True)
@@ -258,6 +278,8 @@ class NodeRecording:
         if name in self._failed:
             return
         if any(s.name == name for s, _ in self._entries):  # a tuned graph's call outside its ranges
+            if keep:
+                return  # (a call that missed the compiled code: `_code_missed` counts it)
             if not tuning and self._growth.missed(name):
                 self._log(f"{self.short}: {jit_config.retune_after_misses} calls of graph {name} fell outside its "
                           f"tuned ranges; tuning it again over {_ranges(spec)}")

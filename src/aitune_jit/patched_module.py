@@ -424,7 +424,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         watch = ModuleWatch(module, self.backends, self.path, previous) if module is not None else None
         return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
                                watch=watch, original=self._forward_fn, warned=old.warned if old else None,
-                               on_outdated=self._backends_outdated, on_code_missed=self._code_missed)
+                               on_outdated=self._backends_outdated, on_code_missed=self._code_missed,
+                               on_plain_run=self._missed_call)
 
     @classmethod
     def release_all(cls) -> None:

@@ -15,12 +15,14 @@ from aitune_jit.config import jit_config
 
 #: re-tunes of one graph at most (each is a compile)
 MAX_RETUNES = 3
+#: calls that missed a graph's compiled code, recorded for its next tuning (`keep_missed`)
+MISSED_SAMPLES = 2
 
 
 class RangeGrowth:
     """Per node: calls of each tuned graph that ran eagerly because their shapes were outside its ranges."""
 
-    __slots__ = ("code_total", "due", "misses", "retunes", "total")
+    __slots__ = ("code_total", "due", "kept", "misses", "retunes", "total")
 
     def __init__(self) -> None:
         self.misses: dict[str, int] = {}  # since the graph was last tuned
@@ -28,6 +30,7 @@ class RangeGrowth:
         self.due: set[str] = set()  # graphs to tune again on the next tuning pass
         self.total = 0  # every call that ran eagerly outside a tuned range
         self.code_total = 0  # every call that missed its graph's compiled code (`code=True`): no shape of its own
+        self.kept: dict[str, int] = {}  # calls that missed the compiled code, recorded since the graph was tuned
 
     def missed(self, name: str, *, code: bool = False) -> bool:
         """Count one call of tuned graph `name` outside its ranges (or, `code`, one that missed the compiled code:
@@ -45,8 +48,20 @@ class RangeGrowth:
         self.due.add(name)
         return True
 
+    def keep_missed(self, name: str) -> bool:
+        """Whether a call of `name` that missed its compiled code is recorded (and counted as such): at most
+        `MISSED_SAMPLES` between two tunings. Why: such a call's input layout (the strides of a cache the
+        program's last call left, say) is one the compile never saw; re-tuned on the old samples alone, the graph
+        would miss again."""
+        count = self.kept.get(name, 0)
+        if count >= MISSED_SAMPLES:
+            return False
+        self.kept[name] = count + 1
+        return True
+
     def retuned(self, name: str) -> None:
         """The re-tuning of `name` ran (whatever its outcome): count it and start counting misses anew."""
         self.due.discard(name)
+        self.kept.pop(name, None)
         self.misses[name] = 0
         self.retunes[name] = self.retunes.get(name, 0) + 1

@@ -60,3 +60,26 @@ def test_plain_runs_of_the_body_are_counted_and_compiled_runs_are_not():
         compiled(x)  # traced (the count is dropped from the trace), then run as compiled code
         compiled(x)
         assert eager_runs() == before + 1
+
+
+def test_a_plain_run_goes_through_the_runner_set_for_the_thread_once():
+    from aitune_core.backends.isolated_entry import set_plain_runner
+
+    torch.manual_seed(0)
+    model = TinyMLP().eval()
+    entry = isolated_entry(model)
+    seen = []
+
+    def runner(target, args, kwargs):
+        seen.append((target is model, len(args), set_plain_runner(None) is None))  # (not set again inside)
+        return target(*args, **kwargs)
+
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        before = set_plain_runner(runner)
+        try:
+            torch.testing.assert_close(entry(x), model(x))
+        finally:
+            set_plain_runner(before)
+        entry(x)  # no runner: the body runs as it is
+    assert seen == [(True, 1, True)]

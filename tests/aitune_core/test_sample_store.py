@@ -85,3 +85,17 @@ def test_recorder_memory_is_bounded_and_specs_follow_every_call():
     assert spec.input_spec.tensors[0].max_shape == (9, 4)
     kept = sorted(s.args[0].shape[0] for s in recorder.samples(spec))
     assert kept[0] == 1 and kept[-1] == 9
+
+
+def test_a_call_offered_to_keep_is_stored_whatever_its_shapes_up_to_half_the_store():
+    store = SampleStore(4)
+    for n in (1, 2, 3, 8):
+        store.offer([(n, 4)], n, _sample)
+    assert not store.offer([(2, 4)], 2, _sample)  # nothing new in its shapes
+    assert store.offer([(2, 4)], 2, _sample, keep=True)  # (a call that missed the compiled code: its layout is new)
+    assert store.offer([(3, 4)], 3, _sample, keep=True)
+    assert not store.offer([(3, 4)], 3, _sample, keep=True)  # half the store is kept calls already
+    assert sorted(s[0][0] for s in store.shapes()) == [1, 2, 3, 8]  # the extremes stay
+    for n in (9, 10):  # new extremes push out plain samples, never the kept ones
+        store.offer([(n, 4)], n, _sample)
+    assert sum(entry.kept for entry in store._entries) == 2

@@ -310,6 +310,54 @@ def test_when_a_compiled_graphs_guards_fail_the_original_answers_and_the_module_
         assert not node.dispatcher.watch.stale() and node.dispatcher.code_misses == 0
 
 
+class _Table:
+    """An object argument holding a tensor (as a KV cache holds its keys): dynamo guards the tensor's strides."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.table = table
+
+
+class _Lookup(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, state: _Table) -> torch.Tensor:
+        return self.fc(x @ state.table).relu()
+
+
+@pytest.mark.slow
+def test_calls_that_miss_the_compiled_code_by_their_input_layout_are_recorded_and_compiled_next_time(tmp_path):
+    """The first decoding step after a compiled prefill gets its cache in the prefill graph's output strides, which
+    the decode graph never saw (GPT-2's `generate()`: one miss per request, for good). The calls that miss are
+    recorded, so the re-tune they lead to compiles that layout too, and such calls stop missing."""
+    from aitune_core.backends.torch_inductor import TorchInductorBackendConfig
+
+    jit_config.min_parameters = 0
+    jit_config.cache_dir = tmp_path
+    jit_config.strategy = OneBackendStrategy(TorchInductorBackend(TorchInductorBackendConfig(fullgraph=True)))
+    net = _Lookup().eval()
+    eager = eager_twin(net)
+    enable()
+    x = torch.randn(4, 16)
+    dense = torch.randn(16, 16)
+    transposed = _Table(dense.t().contiguous().t())  # the same values, other strides
+    with torch.no_grad():
+        for _ in range(3):
+            net(x, _Table(dense.clone()))
+        node = PatchedModule.of(net)
+        assert node.state is NodeState.TUNED, PatchedModule.history
+        for _ in range(jit_config.retune_after_misses):  # the last one starts the re-tune (blocking here)
+            torch.testing.assert_close(net(x, transposed), _eager_run(lambda: eager(x, transposed)))
+        assert node.state is NodeState.TUNED and node.missed_code == jit_config.retune_after_misses
+        for _ in range(3):  # both layouts are served by compiled code now
+            torch.testing.assert_close(net(x, transposed), _eager_run(lambda: eager(x, transposed)))
+            torch.testing.assert_close(net(x, _Table(dense.clone())), _eager_run(lambda: eager(x, _Table(dense))))
+        assert node.missed_code == jit_config.retune_after_misses, "\n".join(PatchedModule.history[-4:])
+        assert node.dispatcher.code_misses == 0
+
+
 def test_a_submodule_put_in_after_tuning_and_first_called_in_training_mode_is_not_adopted():
     """Adopted, it would carry a forward wrapper in its `__dict__`, which the tuned graph's guards see."""
     from jit_helpers import CountingBackend

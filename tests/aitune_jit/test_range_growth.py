@@ -120,3 +120,13 @@ def test_a_retune_over_lengths_is_not_held_back_by_min_samples_varying():
         for length in (16, 16, 20, 24, 28):
             model(torch.randint(0, 64, (1, length)))
     assert CountingBackend.builds == 2  # tuned at length 16, then again over 16..28
+
+
+def test_calls_that_missed_the_compiled_code_are_kept_twice_per_tuning():
+    from aitune_jit.range_growth import MISSED_SAMPLES
+
+    growth = RangeGrowth()
+    assert [growth.keep_missed("0") for _ in range(MISSED_SAMPLES + 1)] == [True] * MISSED_SAMPLES + [False]
+    assert growth.keep_missed("1")  # per graph
+    growth.retuned("0")
+    assert growth.keep_missed("0")

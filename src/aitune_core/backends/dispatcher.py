@@ -47,6 +47,7 @@ import torch
 import torch.fx._symbolic_trace as _fx_trace
 
 from aitune_core.backends.dispatch_pause import HOLDERS as PAUSE_HOLDERS
+from aitune_core.backends.isolated_entry import set_plain_runner
 from aitune_core.errors import CompiledCodeMissed
 from aitune_core.log import get_logger
 
@@ -75,7 +76,8 @@ class GraphDispatcher:
     """Callable that runs `backend.infer(*args, **kwargs)` for the graph the call belongs to, else `fallback`."""
 
     __slots__ = ("_compiling", "_entries", "_fallback", "_lock", "_on_backend_error", "_on_code_missed", "_on_outdated",
-                 "_original", "_refit", "_single", "_warned", "_watch", "code_misses", "misses", "name")
+                 "_on_plain_run", "_original", "_refit", "_single", "_warned", "_watch", "code_misses", "misses",
+                 "name")
 
     def __init__(
         self,
@@ -90,9 +92,11 @@ class GraphDispatcher:
         warned: set[tuple[str, str]] | None = None,
         on_outdated: Callable[[str], bool] | None = None,
         on_code_missed: Callable[[str], bool] | None = None,
+        on_plain_run: Callable[[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any] | None = None,
     ) -> None:
         self._on_outdated = on_outdated
         self._on_code_missed = on_code_missed
+        self._on_plain_run = on_plain_run
         self.code_misses = 0  # calls a backend answered with the plain forward (`CompiledCodeMissed`)
         self._compiling: set[int] = set()  # backends whose owner lets them compile inside a call again
         self._entries: tuple[tuple[GraphSpec, Backend], ...] = tuple(entries)
@@ -159,7 +163,9 @@ class GraphDispatcher:
         try:
             if self._on_code_missed is None or id(backend) in self._compiling:
                 return backend.infer(*args, **kwargs)
-            return backend.serve(*args, **kwargs)
+            if self._on_plain_run is None:
+                return backend.serve(*args, **kwargs)
+            return self._serve_watching_plain_runs(spec.name, backend, args, kwargs)
         except CompiledCodeMissed as missed:
             if missed.error is None:
                 self._code_missed(spec.name, backend)
@@ -186,6 +192,21 @@ class GraphDispatcher:
             raise
         self._on_backend_error(backend, failure)
         return output
+
+    def _serve_watching_plain_runs(self, graph: str, backend: Backend, args: tuple[Any, ...],
+                                   kwargs: dict[str, Any]) -> Any:
+        """`backend.serve`, where a call that misses the compiled code runs through the owner's `on_plain_run`
+        (which may record it: its input layout is one the compile never saw, `isolated_entry.set_plain_runner`)."""
+        on_plain = self._on_plain_run
+
+        def runner(target: Callable[..., Any], a: tuple[Any, ...], k: dict[str, Any]) -> Any:
+            return on_plain(graph, target, a, k)  # type: ignore[misc]
+
+        before = set_plain_runner(runner)
+        try:
+            return backend.serve(*args, **kwargs)
+        finally:
+            set_plain_runner(before)
 
     def _code_missed(self, graph: str, backend: Backend) -> None:
         """A backend answered a call of `graph` with the plain forward: its compiled code's guards failed

@@ -38,12 +38,38 @@ def _count_eager_run() -> None:
     _runs.count = getattr(_runs, "count", 0) + 1
 
 
+#: `runner(target, args, kwargs)`: runs an entry's body when it runs as plain Python (its compiled code's guards
+#: failed); the caller that serves the entry sets it for its call (`plain_runner`), e.g. to record that call
+PlainRunner = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+
+def set_plain_runner(runner: PlainRunner | None) -> PlainRunner | None:
+    """Make `runner` run this thread's isolated entries' plain bodies until it is set again; returns the one before.
+    Why: a call that misses the compiled code ran with inputs the compile never saw (an input layout); a runner
+    that records it lets a later compile see them."""
+    before = getattr(_runs, "runner", None)
+    _runs.runner = runner
+    return before
+
+
+def _plain(target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    _count_eager_run()
+    runner = getattr(_runs, "runner", None)
+    if runner is None:
+        return target(*args, **kwargs)
+    _runs.runner = None  # (once: the call's own nested entries run plainly)
+    try:
+        return runner(target, args, kwargs)
+    finally:
+        _runs.runner = runner
+
+
 def isolated_entry(target: Callable[..., Any], name: str = "aitune_entry") -> Callable[..., Any]:
     """`entry(*args, **kwargs) == target(*args, **kwargs)`, with a code object of its own (see the module doc)."""
 
     def entry(*args: Any, **kwargs: Any) -> Any:
         if not torch.compiler.is_dynamo_compiling():
-            _count_eager_run()
+            return _plain(target, args, kwargs)
         return target(*args, **kwargs)
 
     code = entry.__code__.replace(co_name=name)  # replace() always builds a new code object

@@ -125,6 +125,7 @@ class GraphRecorder:
         batch_size: int | None = None,
         *,
         after: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+        keep: bool = False,
     ) -> GraphSpec | None:
         """Record one call and its output; returns the (updated) spec of the call's graph, or None when the
         call would make a new graph beyond `max_graphs` (then nothing is recorded).
@@ -133,7 +134,7 @@ class GraphRecorder:
         `kwargs` copies taken before it ran (a stateful sample, see `Sample.capture`).
 
         `batch_size` None means "take it from the global context" (`current_batch_size()`), which is
-        None too in JIT mode.
+        None too in JIT mode. `keep`: the sample is stored whatever its shapes (`SampleStore.offer`).
         """
         if batch_size is None:
             batch_size = current_batch_size()
@@ -189,7 +190,7 @@ class GraphRecorder:
                 state.mode = mode
                 self._refresh_spec(state)
             state.store.offer(
-                in_shapes, batch_size, lambda: Sample.capture(args, kwargs, output, batch_size, after=after)
+                in_shapes, batch_size, lambda: Sample.capture(args, kwargs, output, batch_size, after=after), keep=keep
             )
             return state.spec
 

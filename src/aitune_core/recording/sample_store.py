@@ -13,6 +13,10 @@ important first:
 4. being the only sample of its exact input shapes;
 5. age: on a tie the older sample stays, so the store does not churn.
 
+A call offered with `keep=True` (one that missed a tuned graph's compiled code: an input layout the tuning did not
+see, `GraphDispatcher`) outranks all of these, up to half the store: a re-tune must see it, and its shapes alone
+may bring nothing new.
+
 An extreme shared by several candidates belongs to the oldest of them. When a graph has more
 extremes than slots, the samples holding the fewest are dropped; the total-size extremes are always
 kept when capacity >= 2. The graph's min/max shapes themselves are tracked from every call by the
@@ -38,6 +42,7 @@ class _Entry:
     batch_size: int | None
     total: int
     sample: Sample | None  # None only for the candidate being offered
+    kept: bool = False  # offered with `keep=True`
 
 
 def _total_size(shapes: Shapes) -> int:
@@ -71,10 +76,13 @@ class SampleStore:
         """Input shapes of the stored samples, in recording order."""
         return [e.shapes for e in self._entries]
 
-    def offer(self, shapes: Sequence[Sequence[int]], batch_size: int | None, make_sample: Callable[[], Sample]) -> bool:
-        """Consider one call; `make_sample` (which copies tensors) runs only if the call is kept."""
+    def offer(self, shapes: Sequence[Sequence[int]], batch_size: int | None, make_sample: Callable[[], Sample],
+              *, keep: bool = False) -> bool:
+        """Consider one call; `make_sample` (which copies tensors) runs only if the call is kept. `keep`: the call
+        is stored whatever its shapes, while kept calls hold at most half the store (module docstring)."""
         shapes_t: Shapes = tuple(tuple(int(s) for s in shape) for shape in shapes)
-        candidate = _Entry(self._seq, shapes_t, batch_size, _total_size(shapes_t), None)
+        keep = keep and 2 * sum(e.kept for e in self._entries) < max(self.capacity, 2)
+        candidate = _Entry(self._seq, shapes_t, batch_size, _total_size(shapes_t), None, kept=keep)
         self._seq += 1
         if len(self._entries) < self.capacity:
             candidate.sample = make_sample()
@@ -113,10 +121,10 @@ class SampleStore:
             batch_counts[c.batch_size] = batch_counts.get(c.batch_size, 0) + 1
             shape_counts[c.shapes] = shape_counts.get(c.shapes, 0) + 1
 
-        def usefulness(i: int) -> tuple[int, int, bool, bool, int]:
+        def usefulness(i: int) -> tuple[bool, int, int, bool, bool, int]:
             c = candidates[i]
             unique_batch = c.batch_size is not None and batch_counts[c.batch_size] == 1
             unique_shapes = shape_counts[c.shapes] == 1
-            return (total_roles[i], axis_roles[i], unique_batch, unique_shapes, -c.seq)
+            return (c.kept, total_roles[i], axis_roles[i], unique_batch, unique_shapes, -c.seq)
 
         return candidates[min(range(n), key=usefulness)]
