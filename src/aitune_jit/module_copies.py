@@ -14,7 +14,10 @@ first call like any other. A class with a `__getstate__` of its own (`d = self._
 bypasses that: its shallow copies answered with the original's attributes (seventh review, 2026-11-26). So
 `torch.nn.Module.__setstate__`, which rebuilds every copy and unpickled module, drops them too: the node or
 marker, and a forward slot that is not the new module's own. A class with its own `__setstate__` as well is not
-covered.
+covered. `torch.nn.DataParallel`'s replicas (`Module._replicate_for_data_parallel`) copy the instance dict
+without either: each replica called the original's slot, so it ran the original module on the original's weights
+(a wrong answer on the CPU, "mat1 is on cuda:1, different from other tensors on cuda:0" on two GPUs); replicas
+are cleaned the same way.
 """
 
 from __future__ import annotations
@@ -51,26 +54,52 @@ def _leaving_aitune_out(original: Callable[[torch.nn.Module], Any]) -> Callable[
 def _taking_aitune_out(original: Callable[[torch.nn.Module, Any], None]) -> Callable[[torch.nn.Module, Any], None]:
     @functools.wraps(original)
     def __setstate__(self: torch.nn.Module, state: Any) -> None:
-        if isinstance(state, dict) and (NODE_ATTR in state or isinstance(state.get("forward"), SlotForward)):
-            state = dict(state)
-            state.pop(NODE_ATTR, None)
-            forward = state.get("forward")
-            if isinstance(forward, SlotForward):  # (the copied module's slot, from a `__getstate__` of the class)
-                state = forward._slot.state_without(state)
+        if isinstance(state, dict):  # (a slot copied by a `__getstate__` of the class: not this module's own)
+            state = _without_aitune(state)
         original(self, state)
 
     __setstate__.__aitune_module_copies__ = True  # type: ignore[attr-defined]
     return __setstate__
 
 
-_WRAPPERS = (("__getstate__", _leaving_aitune_out), ("__setstate__", _taking_aitune_out))
+def _without_aitune(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` (an instance dict) without aitune's node or marker and a forward slot copied into it."""
+    if NODE_ATTR not in state and not isinstance(state.get("forward"), SlotForward):
+        return state
+    state = dict(state)
+    state.pop(NODE_ATTR, None)
+    forward = state.get("forward")
+    if isinstance(forward, SlotForward):  # (the copied module's slot)
+        state = forward._slot.state_without(state)
+    return state
+
+
+def _replicas_clean(original: Callable[[torch.nn.Module], Any]) -> Callable[[torch.nn.Module], Any]:
+    @functools.wraps(original)
+    def _replicate_for_data_parallel(self: torch.nn.Module) -> Any:
+        replica = original(self)
+        state = vars(replica)
+        cleaned = _without_aitune(state)
+        if cleaned is not state:
+            state.clear()
+            state.update(cleaned)
+        return replica
+
+    _replicate_for_data_parallel.__aitune_module_copies__ = True  # type: ignore[attr-defined]
+    return _replicate_for_data_parallel
+
+
+_WRAPPERS = (("__getstate__", _leaving_aitune_out), ("__setstate__", _taking_aitune_out),
+             ("_replicate_for_data_parallel", _replicas_clean))
 
 
 def install() -> None:
     """Leave aitune's attributes out of every module's state and every rebuilt module (idempotent)."""
     with _lock:
         for name, wrap in _WRAPPERS:
-            current = getattr(torch.nn.Module, name)
+            current = getattr(torch.nn.Module, name, None)
+            if current is None:  # (a torch without DataParallel's replica hook)
+                continue
             if name not in _patches and not getattr(current, "__aitune_module_copies__", False):
                 _patches[name] = Patch(torch.nn.Module, name, wrap(current)).apply()
 

@@ -114,3 +114,21 @@ def test_installed_with_the_hook_and_torchs_own_afterwards() -> None:
     disable()
     assert not module_copies.installed() and torch.nn.Module.__getstate__ is original
     assert torch.nn.Module.__setstate__ is restore
+
+
+def test_a_data_parallel_replica_runs_its_own_weights_recording_or_tuned() -> None:
+    """`nn.DataParallel` replicates the module tree with `_replicate_for_data_parallel` (a copy of the instance dict)
+    and gives each replica its device's weights; a replica that kept the original's slot ran the original."""
+    for min_samples, state in ((100, NodeState.RECORDING), (2, NodeState.TUNED)):
+        torch.manual_seed(0)
+        model = Scaled().eval()
+        assert _watched(model, min_samples).state is state
+        replica = model._replicate_for_data_parallel()
+        replica.lin = model.lin._replicate_for_data_parallel()
+        replica.lin._parameters = {}  # (as `replicate()` does: the replica's weights are plain tensors of its own)
+        replica.lin.weight, replica.lin.bias = model.lin.weight.detach() * 2, model.lin.bias.detach() * 2
+        assert NODE_ATTR not in vars(replica) and "forward" not in vars(replica)  # a module aitune has not seen
+        x = torch.randn(2, 32)
+        with torch.no_grad():
+            expected = torch.tanh(torch.nn.functional.linear(x, replica.lin.weight, replica.lin.bias))
+            torch.testing.assert_close(replica(x), expected)
