@@ -12,7 +12,9 @@ subtle, and used to be done twice:
 - while dynamo traces the module (a user's `torch.compile` of a model aitune is recording), the original forward
   runs, never the routing; so it does while a `TorchDispatchMode` is active (`FakeTensorMode` in a shape or memory
   estimator, `FlopCounterMode`) or a tensor argument is a dispatch subclass (a fake tensor, a `DTensor`): the
-  mode or subclass must see every operation, and a compiled kernel handed fake tensors crashed the process;
+  mode or subclass must see every operation, and a compiled kernel handed fake tensors crashed the process; and
+  so it does for a call with a tensor on the `meta` device (a shape check before `to_empty`): recorded, such calls
+  failed the tuning ("Tensor.item() cannot be called on meta tensors") and left the model eager for good;
 - removal must put back exactly what was there (an instance `forward` the user set, or nothing), and only if the
   slot is still ours;
 - a program that replaces the forward after the slot is installed - assigns a new function to the class's
@@ -41,6 +43,7 @@ _MISSING: Any = object()
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+_TENSOR = torch.Tensor
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str, tuple, list, dict})
 
 Handler = Callable[[tuple, dict], Any]
@@ -58,15 +61,24 @@ def _dispatch_subclass(value: Any) -> bool:
 
 def must_run_original(args: tuple, kwargs: dict) -> bool:
     """A call only the module's own forward may answer: dynamo traces it, a dispatch mode is active, or an
-    argument is a dispatch subclass (see the module docstring). A set lookup per argument on the common path."""
+    argument is a dispatch subclass or a meta tensor (see the module docstring). A type check per argument on the
+    common path."""
     if _is_compiling() or _dispatch_modes():
         return True
     for value in args:
-        if type(value) not in _PLAIN_TYPES and _dispatch_subclass(value):
+        cls = type(value)
+        if cls is _TENSOR:
+            if value.is_meta:
+                return True
+        elif cls not in _PLAIN_TYPES and _dispatch_subclass(value):
             return True
     if kwargs:
         for value in kwargs.values():
-            if type(value) not in _PLAIN_TYPES and _dispatch_subclass(value):
+            cls = type(value)
+            if cls is _TENSOR:
+                if value.is_meta:
+                    return True
+            elif cls not in _PLAIN_TYPES and _dispatch_subclass(value):
                 return True
     return False
 

@@ -147,3 +147,13 @@ def test_under_a_dispatch_mode_or_with_a_fake_tensor_the_original_forward_runs()
     assert type(net(fake)).__name__ == "FakeTensor"  # a fake argument outside its mode's block
     assert handled == []
     assert net(torch.randn(2, 4)) == "routed" and handled == [1]
+
+
+def test_with_a_meta_tensor_the_original_forward_runs():
+    """A shape check on the meta device (before `to_empty`): recorded, such calls failed the tuning for good."""
+    net = Net().to("meta")
+    handled = []
+    ForwardSlot(net, lambda args, kwargs: handled.append(1) or "routed").install()
+    out = net(torch.empty(2, 4, device="meta"))
+    assert out.is_meta and out.shape == (2, 4) and handled == []
+    assert net(x=torch.empty(2, 4, device="meta")).is_meta and handled == []  # (by keyword too)
