@@ -225,8 +225,7 @@ class _StepAside:
         that function's code, where a cancel is not raised if it releases what was taken (`cancel_spots`)."""
         if not self.active:
             return
-        raising = at_call and cancel_spots.may_cancel_in(code)
-        if raising and self.cancel_with is not None and not self.paused_by():
+        if at_call and self.cancel_with is not None and cancel_spots.may_cancel_in(code) and not self.paused_by():
             self._raise_cancel()
         if _forking and at_call:
             self._park()
@@ -239,7 +238,7 @@ class _StepAside:
         self._wait()
         if _forking and at_call:  # (the wait ends when a fork begins: park before the function's body runs)
             self._park()
-        if raising and self.cancel_with is not None and not self.paused_by():
+        if at_call and self.cancel_with is not None and cancel_spots.may_cancel_in(code) and not self.paused_by():
             self._raise_cancel()
 
     def cancel(self, exc_type: type[BaseException]) -> bool:
