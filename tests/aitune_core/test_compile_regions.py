@@ -129,3 +129,16 @@ def test_a_forward_replaced_after_the_mark_came_off_is_the_one_marked_next_time(
         assert Fresh.forward.__wrapped__ is replaced
         assert torch.equal(model(torch.ones(1, 16)), torch.zeros(1, 16))
     assert Fresh.__dict__["forward"] is replaced
+
+
+def test_a_graph_that_changes_its_arguments_compiles_whole_on_a_gpu_only():
+    from types import SimpleNamespace
+
+    from aitune_core.backends.compile_regions import compiles_whole
+
+    stateful, plain = SimpleNamespace(mutates_inputs=True), SimpleNamespace(mutates_inputs=False)
+    assert compiles_whole([plain, stateful], torch.device("cuda"))  # a decoding step: host work in every call
+    assert not compiles_whole([plain], torch.device("cuda"))  # (a CUDA graph may hide the regions' calls)
+    assert not compiles_whole([stateful], torch.device("cpu"))  # (compile time counts more here)
+    assert not compiles_whole([stateful], None)
+

@@ -495,15 +495,3 @@ def test_a_graph_the_program_calls_under_inference_mode_is_compiled_for_it_in_th
     assert counters["stats"]["unique_graphs"] == graphs
 
 
-
-def test_a_graph_that_changes_its_arguments_compiles_whole_on_a_gpu_only():
-    from types import SimpleNamespace
-
-    from aitune_core.backends.torch_inductor import compiles_whole
-
-    stateful, plain = SimpleNamespace(mutates_inputs=True), SimpleNamespace(mutates_inputs=False)
-    assert compiles_whole([plain, stateful], torch.device("cuda"))  # a decoding step: host work in every call
-    assert not compiles_whole([plain], torch.device("cuda"))  # (a CUDA graph may hide the regions' calls)
-    assert not compiles_whole([stateful], torch.device("cpu"))  # (compile time counts more here)
-    assert not compiles_whole([stateful], None)
-

@@ -33,7 +33,7 @@ import functools
 import inspect
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -219,3 +219,12 @@ def _release(classes: list[type]) -> None:
         held[1] -= 1
         if held[1] <= 0:
             _unmark(block_class)
+
+
+def compiles_whole(data: Sequence[Any], device: torch.device | None) -> bool:
+    """Whether a graph compiles without nested compile regions whatever the config says: on a GPU, one whose calls
+    change their arguments (a decoding step and its KV cache). Such a graph is never a CUDA graph, so its host work
+    stays in every call, and regions add a call, input checks and unfused block edges per block to it (GPT-2
+    `generate()` on an H200: 12 region calls a step, 1.24x torch.compile's time, `benchmarks/probes/decode_gap.py`).
+    Compiling whole costs compile time once, in the background."""
+    return device is not None and device.type == "cuda" and any(getattr(s, "mutates_inputs", False) for s in data)

@@ -56,7 +56,7 @@ import torch
 
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.batch_probes import batch_probes
-from aitune_core.backends.compile_regions import CompileRegions
+from aitune_core.backends.compile_regions import CompileRegions, compiles_whole
 from aitune_core.backends.dynamic_marks import DynamicMarks
 from aitune_core.backends.gapped_inputs import pack
 from aitune_core.backends.inductor_failures import constraint_violation, region_failure
@@ -171,15 +171,6 @@ def _varying_sequence_axis(graph_spec: GraphSpec) -> str | None:
             if high > low:
                 return f"axis {axis} of {spec.name or 'an input'} takes {high - low + 1} sizes ({low}..{high})"
     return None
-
-
-def compiles_whole(data: list[Sample], device: torch.device | None) -> bool:
-    """Whether a graph compiles without nested compile regions whatever the config says: on a GPU, one whose calls
-    change their arguments (a decoding step and its KV cache). Such a graph is never a CUDA graph, so its host work
-    stays in every call, and regions add a call, input checks and unfused block edges per block to it (GPT-2
-    `generate()` on an H200: 12 region calls a step, 1.24x torch.compile's time, `benchmarks/probes/decode_gap.py`).
-    Compiling whole costs compile time once, in the background."""
-    return device is not None and device.type == "cuda" and any(getattr(s, "mutates_inputs", False) for s in data)
 
 
 class TorchInductorBackend(Backend):
