@@ -92,6 +92,15 @@ class SlotForward:
     def __init__(self, slot: ForwardSlot) -> None:
         self._slot = slot
         self.__wrapped__ = slot.original
+        # what `help(module.forward)` and `inspect.getdoc` show: the user's (the class attributes are this class's)
+        self.__doc__ = getattr(slot.original, "__doc__", None)
+        self.__module__ = getattr(slot.original, "__module__", None)
+
+    def __eq__(self, other: object) -> bool:  # `module.forward == type(module).forward.__get__(module)`, as unwatched
+        return other is self or self.__wrapped__ == other
+
+    def __hash__(self) -> int:
+        return hash(self.__wrapped__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         slot = self._slot

@@ -157,3 +157,17 @@ def test_with_a_meta_tensor_the_original_forward_runs():
     out = net(torch.empty(2, 4, device="meta"))
     assert out.is_meta and out.shape == (2, 4) and handled == []
     assert net(x=torch.empty(2, 4, device="meta")).is_meta and handled == []  # (by keyword too)
+
+
+def test_the_slot_shows_the_users_docstring_module_and_compares_equal_to_the_bound_forward():
+    class Documented(Net):
+        def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+            """The user's own words."""
+            return super().forward(x, scale)
+
+    net = Documented()
+    bound = net.forward
+    ForwardSlot(net, lambda args, kwargs: "routed").install()
+    assert net.forward is not bound and net.forward == bound and hash(net.forward) == hash(bound)
+    assert net.forward.__doc__ == "The user's own words." and net.forward.__module__ == Documented.__module__
+    assert inspect.getdoc(net.forward) == "The user's own words."
