@@ -370,3 +370,56 @@ def test_a_plain_run_that_raises_is_the_users_error_and_runs_once(tmp_path):
     with pytest.raises(ValueError, match="bad request") as raised:
         dispatcher(torch.randn(3, 8))
     assert runs == ["plain"] and blamed == [] and raised.value.__context__ is None
+
+
+class _Cache:
+    """An object argument, compared by its layout (`object_signature`)."""
+
+    def __init__(self, n: int) -> None:
+        self.layers = [torch.zeros(2) for _ in range(n)]
+
+
+class _WithCache(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, cache: _Cache) -> torch.Tensor:
+        return self.fc(x) + len(cache.layers)
+
+
+def test_object_layouts_are_walked_only_where_the_tensors_leave_a_choice(tmp_path, monkeypatch):
+    """A decoding step passes its KV cache: walking its layout every call cost about 65 us a step. A backend that
+    checks that layout itself (dynamo's guards) is chosen without the walk where it is the only candidate left."""
+    from aitune_core.backends import torch_eager
+    from aitune_core.recording.graph_recorder import GraphRecorder
+    from aitune_core.specs import sample_metadata
+
+    model = _WithCache().eval()
+    recorder = GraphRecorder(model)
+    with torch.no_grad():
+        for batch, n in ((2, 3), (4, 3), (2, 5), (4, 5)):
+            x, cache = torch.randn(batch, 8), _Cache(n)
+            recorder.record((x, cache), {}, model(x, cache))
+    three, five = recorder.graph_specs  # one graph per cache layout
+    walks = []
+    signature = sample_metadata.object_signature
+    monkeypatch.setattr(sample_metadata, "object_signature", lambda v: walks.append(1) or signature(v))
+
+    def backend(spec):
+        built = torch_eager.TorchEagerBackend().build(model, spec, recorder.samples(spec), torch.device("cpu"),
+                                                      tmp_path)
+        assert built.checks_object_layouts
+        return built
+
+    single = GraphDispatcher([(three, backend(three))], model, "m")
+    with torch.no_grad():
+        single(torch.randn(3, 8), _Cache(3))
+        assert walks == []  # its only graph, and its backend checks the layout
+        single.lazy_objects = False  # (as after a call that missed the compiled code)
+        single(torch.randn(3, 8), _Cache(3))
+        assert len(walks) == 1
+        walks.clear()
+        both = GraphDispatcher([(three, backend(three)), (five, backend(five))], model, "m")
+        assert torch.equal(both(x := torch.randn(3, 8), _Cache(5)), model(x, _Cache(5)))  # the layout decides
+        assert both.backend_for((x, _Cache(5)), {}) is both.entries[1][1] and walks

@@ -132,6 +132,11 @@ class Backend(ABC):
     config_class: ClassVar[type[BackendConfig]] = BackendConfig
     #: whether a checkpoint may name this backend (False for backends that load code files: JIT packages)
     checkpointable: ClassVar[bool] = True
+    #: whether a call whose object arguments (a KV cache) have a layout this backend was not built for is still
+    #: answered right by it (dynamo's guards check that layout on every call; the eager backend runs the original):
+    #: the dispatcher then skips walking such objects where the call's tensors single out the graph
+    #: (`GraphDispatcher`)
+    checks_object_layouts: ClassVar[bool] = False
 
     def __init__(self, config: BackendConfig | None = None) -> None:
         if config is not None and not isinstance(config, self.config_class):

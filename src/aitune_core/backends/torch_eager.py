@@ -28,6 +28,7 @@ class TorchEagerBackend(Backend):
     """
 
     config_class = TorchEagerBackendConfig
+    checks_object_layouts = True  # (it runs the original forward)
 
     def __init__(self, config: TorchEagerBackendConfig | None = None) -> None:
         super().__init__(config)

@@ -177,6 +177,7 @@ class TorchInductorBackend(Backend):
     """Compiles the module with `torch.compile(backend="inductor")`; see the module docstring for the details."""
 
     config_class = TorchInductorBackendConfig
+    checks_object_layouts = True  # (dynamo guards them: a call that misses runs the plain forward, or compiles)
     STATE_OUTPUT_DTYPES: ClassVar[str] = "output_dtypes"
     STATE_DYNAMIC_MARKS: ClassVar[str] = "dynamic_marks"
     STATE_BINDER: ClassVar[str] = "binder"

@@ -64,6 +64,8 @@ class GraphSpec:
     inference_mode: bool = field(default=False, compare=False)
     _tensor_checks: tuple[_TensorCheck, ...] = field(init=False, repr=False, compare=False, hash=False)
     _const_checks: tuple[tuple[int, Any], ...] = field(init=False, repr=False, compare=False, hash=False)
+    #: `_const_checks` without the objects compared by their layout (`accepts(..., objects=False)`)
+    _value_checks: tuple[tuple[int, Any], ...] = field(init=False, repr=False, compare=False, hash=False)
     _plain_thread: bool = field(init=False, repr=False, compare=False, hash=False)  # no autocast, no default device
     # call layouts (positional arity, keyword names in order) of accepted calls made only of plain tensors,
     # mapped to where each checked input tensor sits in such a call: later calls with the same layout skip
@@ -87,6 +89,7 @@ class GraphSpec:
                 const_checks.append((index, constant_key(value)))
         object.__setattr__(self, "_tensor_checks", tuple(tensor_checks))
         object.__setattr__(self, "_const_checks", tuple(const_checks) if self.strict else ())
+        object.__setattr__(self, "_value_checks", tuple((i, k) for i, k in self._const_checks if not _by_layout(k)))
         object.__setattr__(self, "_plain_thread", not self.autocast and self.default_device is None)
 
     # -- identity & dispatch --------------------------------------------------------------------
@@ -96,7 +99,7 @@ class GraphSpec:
             base = (*base, ("autocast", self.autocast))
         return (*base, ("default_device", self.default_device)) if self.default_device else base
 
-    def accepts(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    def accepts(self, args: Sequence[Any], kwargs: Mapping[str, Any], objects: bool = True) -> bool:
         """True when the call belongs to this graph and every tensor axis lies within its recorded range.
 
         Static axes must be equal; batch and dynamic axes must lie in [min, max]. Cheap: one bind, one
@@ -105,7 +108,9 @@ class GraphSpec:
         names in order - was seen in an accepted call before skips the bind and the flatten: binding such a
         call always yields the same tree with the same tensors in the same places (every other leaf comes
         from forward's defaults), so only the tensor checks can differ. A call under another autocast state
-        or default device is never accepted.
+        or default device is never accepted. `objects=False` leaves out the object arguments compared by their
+        layout (`object_signature`, the costliest check: about 65 us for a 12-layer `DynamicCache` on this project's
+        CPU), for a caller whose backend checks that layout itself (`GraphDispatcher`).
         """
         if any_autocast() or function_modes():  # (two calls into torch: the common thread has neither)
             if current_autocast() != self.autocast or current_default_device() != self.default_device:
@@ -122,13 +127,14 @@ class GraphSpec:
             ):
                 tensors = [args[s] if type(s) is int else kwargs[s] for s in layout]  # type: ignore[index]
                 return self._tensor_mismatch(tensors, explain=False) is None
-        return self._check(args, kwargs, explain=False) is None
+        return self._check(args, kwargs, explain=False, objects=objects) is None
 
     def mismatch(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
         """None when `accepts` would be True, else a short reason naming the argument and shape."""
         return self._check(args, kwargs, explain=True)
 
-    def _check(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, explain: bool) -> str | None:
+    def _check(self, args: Sequence[Any], kwargs: Mapping[str, Any], *, explain: bool,
+               objects: bool = True) -> str | None:
         state = current_autocast()
         if state != self.autocast:
             if not explain:
@@ -150,7 +156,7 @@ class GraphSpec:
         mismatch = self._tensor_mismatch(tensors, explain=explain)
         if mismatch is not None:
             return mismatch
-        for index, key in self._const_checks:
+        for index, key in self._const_checks if objects else self._value_checks:
             leaf = leaves[index]
             if (loose_key(leaf) if is_free_key(key) else constant_key(leaf)) != key:
                 return f"non-tensor argument at leaf {index} differs (strict mode)" if explain else "const"
@@ -249,3 +255,9 @@ class GraphSpec:
             default_device=default_device_from_json(data.get("default_device")),
             inference_mode=data.get("inference_mode") is True,
         )
+
+
+def _by_layout(key: Any) -> bool:
+    """Whether a constant's identity key compares an object by its layout (`constant_key`: `("type", path,
+    signature)`), not by its value."""
+    return isinstance(key, tuple) and len(key) == 3 and key[0] == "type"
