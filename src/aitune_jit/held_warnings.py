@@ -9,7 +9,10 @@ has failed (`stale_samples.recorded_calls_stale`). A script whose program rewrot
 call printed two such WARNINGs blaming Inductor, which computed the right thing (seventh review, 2026-11-26).
 
 How: while the block runs, a filter on the logger keeps this thread's WARNING-or-above records; `release()`
-hands them on as they were, `demote()` logs them at DEBUG (the tuning history still has them). Records of other
+hands them on as they were, `demote()` logs them at DEBUG (the tuning history still has them). A candidate that
+failed on a graph break is not a failure either: the tuner's graph-break check says why the graph stays eager,
+in the history and the exit summary, and a WARNING mid-run blamed Inductor for a data-dependent `if` of the
+model's (`demote(which)`). Records of other
 threads, and below WARNING, pass as usual. On leaving the block, records neither released nor demoted are
 released.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
@@ -49,9 +52,13 @@ class HeldWarnings(logging.Filter):
         for record in self._close():
             self._logger.handle(record)
 
-    def demote(self) -> None:
-        """The held records, logged at DEBUG (they were not what they said)."""
+    def demote(self, which: Callable[[logging.LogRecord], bool] | None = None) -> None:
+        """The held records, logged at DEBUG (they were not what they said); with `which`, only those it picks,
+        and the others are released as they were."""
         for record in self._close():
+            if which is not None and not which(record):
+                self._logger.handle(record)
+                continue
             record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
             if self._logger.isEnabledFor(logging.DEBUG):
                 self._logger.handle(record)

@@ -298,6 +298,21 @@ def _graph_break_cause(
     return cause
 
 
+def _graph_break_failure(record: logging.LogRecord) -> bool:
+    """A candidate's failure record (`aitune_failure`) whose cause is dynamo refusing to trace the forward as one
+    graph (a graph break under `fullgraph`, data-dependent control flow): the graph-break check says why, once."""
+    from torch._dynamo import exc as dynamo_exc
+
+    exc = getattr(record, "aitune_failure", None)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (dynamo_exc.Unsupported, dynamo_exc.UserError)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _tune_graph(
     node: TuningNode, strategy: Any, job: TuneJob, key: str | None, draft: OutcomeDraft, *, several: bool
 ) -> tuple[str | None, bool]:
@@ -314,9 +329,9 @@ def _tune_graph(
                 report = strategy.run(job)
             except Exception as exc:
                 stale = _validation_failed(exc) and recorded_calls_stale(job)
-                if stale:
-                    held.demote()
+                held.demote(None if stale else _graph_break_failure)
                 raise
+            held.demote(_graph_break_failure)
     except Exception as exc:
         cause = f"{type(exc).__name__}: {exc}"
         if stale:

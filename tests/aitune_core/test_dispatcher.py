@@ -421,5 +421,6 @@ def test_object_layouts_are_walked_only_where_the_tensors_leave_a_choice(tmp_pat
         assert len(walks) == 1
         walks.clear()
         both = GraphDispatcher([(three, backend(three)), (five, backend(five))], model, "m")
-        assert torch.equal(both(x := torch.randn(3, 8), _Cache(5)), model(x, _Cache(5)))  # the layout decides
+        x = torch.randn(3, 8)
+        assert torch.equal(both(x, _Cache(5)), model(x, _Cache(5)))  # the layout decides
         assert both.backend_for((x, _Cache(5)), {}) is both.entries[1][1] and walks

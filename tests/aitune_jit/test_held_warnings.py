@@ -46,3 +46,13 @@ def test_another_threads_warnings_are_not_held(caplog):
         thread.join()
         assert _levels(caplog) == [("the program's", logging.WARNING)]
         held.demote()
+
+
+def test_demote_with_a_choice_demotes_those_it_picks_and_releases_the_rest(caplog):
+    logger = logging.getLogger("aitune.test_held_choice")
+    with caplog.at_level(logging.DEBUG, logger="aitune.test_held_choice"), held_warnings(logger) as held:
+        logger.warning("a graph break", extra={"aitune_failure": "break"})
+        logger.warning("a real failure")
+        held.demote(lambda record: getattr(record, "aitune_failure", None) == "break")
+    levels = {r.getMessage(): r.levelname for r in caplog.records}
+    assert levels == {"a graph break": "DEBUG", "a real failure": "WARNING"}

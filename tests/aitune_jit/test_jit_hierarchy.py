@@ -294,3 +294,23 @@ def test_the_subtree_of_a_node_closed_for_tuning_reaches_the_fast_path(eager_bac
     assert below and all(node.state is NodeState.DETACHED for node in below)
     assert all(node.fast for node in root.subtree())
     assert CountingBackend.builds == 0
+
+
+def test_an_inductor_candidate_that_meets_a_graph_break_warns_nothing_mid_run(caplog):
+    """Data-dependent control flow: the whole-graph Inductor candidate fails on it; that is the graph break the
+    exit summary names, not a backend failure to WARN about while the program runs."""
+    import logging
+
+    from aitune_core.backends.torch_inductor import TorchInductorBackend, TorchInductorBackendConfig
+    from aitune_jit.summary import summary_lines
+
+    jit_config.backends = [TorchInductorBackend(TorchInductorBackendConfig(fullgraph=True))]
+    jit_config.min_parameters = 0
+    jit_config.detect_graph_breaks = True
+    torch.manual_seed(0)
+    model = DynamicModule().eval()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        enable_and_serve_both_branches(model)
+    assert PatchedModule.of(model).reason.startswith("graph break")
+    assert not [r.getMessage() for r in caplog.records if "failed" in r.getMessage()], caplog.text
+    assert any("stayed eager: graph break" in line for line in summary_lines())

@@ -422,7 +422,8 @@ class TuneStrategy(ABC):  # noqa: B024 - one of _tune / _tune_job is required: c
                 except Exception as exc:
                     report.error = brief(exc)
                     report.closeness = _closeness(exc)
-                    _logger.warning("❌ backend %s failed: %s", description, report.error)
+                    _logger.warning("❌ backend %s failed: %s", description, report.error,
+                                    extra={"aitune_failure": exc})  # (the JIT's tuner reads it: `held_warnings`)
                     _logger.debug("backend %s failed", description, exc_info=True)
                     self._discard(backend)
                     backend = None
