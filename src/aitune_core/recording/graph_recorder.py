@@ -179,9 +179,9 @@ class GraphRecorder:
             elif not state.warned_output:
                 state.warned_output = True
                 _logger.warning(
-                    "%sgraph %s: the output structure changed between calls with the same inputs "
-                    "(data-dependent outputs); output ranges keep the first structure, and backends "
-                    "will fail validation on such calls",
+                    "%sgraph %s: the output structure changed between calls of one input structure (outputs "
+                    "that depend on the values of its inputs, a Python number's included); output ranges keep "
+                    "the first structure, and backends will fail validation on such calls",
                     f"{self.name}: " if self.name else "",
                     state.name,
                 )
