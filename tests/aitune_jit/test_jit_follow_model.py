@@ -260,6 +260,16 @@ def test_an_inductor_module_cast_to_another_dtype_is_never_compiled_on_the_calle
         assert net(x).dtype is torch.float64 and not node.dispatcher.watch.stale()
 
 
+def _tune_with_whole_graph_inductor(tmp_path: Path) -> None:
+    """One Inductor candidate compiled as one graph, as the JIT's own Inductor candidates compile (a backend with
+    graph breaks compiles in the call)."""
+    from aitune_core.backends.torch_inductor import TorchInductorBackendConfig
+
+    jit_config.min_parameters = 0
+    jit_config.cache_dir = tmp_path
+    jit_config.strategy = OneBackendStrategy(TorchInductorBackend(TorchInductorBackendConfig(fullgraph=True)))
+
+
 class _Scaled(_Embedder):
     """An `_Embedder` whose output scale is a plain attribute: dynamo guards the value its trace read."""
 
@@ -279,12 +289,7 @@ def test_when_a_compiled_graphs_guards_fail_the_original_answers_and_the_module_
     calls stale, and the node records anew and is tuned as the module is now (blocking mode here)."""
     from torch._dynamo.utils import counters
 
-    from aitune_core.backends.torch_inductor import TorchInductorBackendConfig
-
-    jit_config.min_parameters = 0
-    jit_config.cache_dir = tmp_path
-    # (one graph, as the JIT's own Inductor candidates compile: a backend with graph breaks compiles in the call)
-    jit_config.strategy = OneBackendStrategy(TorchInductorBackend(TorchInductorBackendConfig(fullgraph=True)))
+    _tune_with_whole_graph_inductor(tmp_path)
     net = _Scaled().eval()
     eager = eager_twin(net)
     enable()
@@ -332,11 +337,7 @@ def test_calls_that_miss_the_compiled_code_by_their_input_layout_are_recorded_an
     """The first decoding step after a compiled prefill gets its cache in the prefill graph's output strides, which
     the decode graph never saw (GPT-2's `generate()`: one miss per request, for good). The calls that miss are
     recorded, so the re-tune they lead to compiles that layout too, and such calls stop missing."""
-    from aitune_core.backends.torch_inductor import TorchInductorBackendConfig
-
-    jit_config.min_parameters = 0
-    jit_config.cache_dir = tmp_path
-    jit_config.strategy = OneBackendStrategy(TorchInductorBackend(TorchInductorBackendConfig(fullgraph=True)))
+    _tune_with_whole_graph_inductor(tmp_path)
     net = _Lookup().eval()
     eager = eager_twin(net)
     enable()
