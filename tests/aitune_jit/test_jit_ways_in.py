@@ -108,6 +108,7 @@ def test_decorator_way(tmp_path):
     resnet_app.serve(model, str(out), requests=3, batch=3)
     lines: list[str] = []
     PatchedModule.print_hierarchy(sink=lines.append)
+    assert PatchedModule.of(model).reason is None, PatchedModule.history[-6:]  # (why it is not tuned, if so)
     _assert_root_tuned_children_detached(lines)
     _assert_outputs_match_eager(out)
 
