@@ -216,6 +216,7 @@ def serve(options: argparse.Namespace) -> int:
             late = max(0.0, begin - due) if due is not None else 0.0
             sampler.current = (index, begin)
             misses = _misses(module)
+            phase = _job_phase()
             call(kwargs)
             if device.type == "cuda":
                 torch.cuda.synchronize()
@@ -225,7 +226,8 @@ def serve(options: argparse.Namespace) -> int:
             tuned = _root_tuned(module) or bool(options.compile)
             busy = _worker_busy()
             rows.append({"t": begin - start, "latency_s": latency, "late_s": late, "batch": batch, "seq": seq,
-                         "tuned": tuned, "tuning": busy or not tuned, "served_tuned": tuned_call})
+                         "tuned": tuned, "tuning": busy or not tuned, "served_tuned": tuned_call,
+                         "phase": phase or _job_phase()})
             if tuned and not busy and steady_from is None:
                 steady_from = index
             if steady_from is not None and index - steady_from >= options.after:
@@ -249,6 +251,13 @@ def serve(options: argparse.Namespace) -> int:
         "long_collections": sorted(sampler.collections, key=lambda c: -c["ms"])[:10],
     }))
     return 0
+
+
+def _job_phase() -> str | None:
+    """The step the background job's strategy is in ("Building ...", "Validating ...", "Profiling ..."), as the
+    request starts (or, if none then, as it ends); None outside the strategy's steps or without aitune."""
+    strategy = sys.modules.get("aitune_core.strategies.strategy")
+    return strategy.current_phase() if strategy is not None and hasattr(strategy, "current_phase") else None
 
 
 # ----------------------------------------------------------------------------------------------- the driver

@@ -230,3 +230,15 @@ def test_a_strategy_without_tune_cannot_be_made():
 
     with pytest.raises(TypeError, match="implements _tune"):
         Nothing([GoodBackend()])
+
+
+def test_the_strategy_names_its_step_while_it_runs():
+    from aitune_core.strategies.strategy import current_phase, progress
+
+    assert current_phase() is None
+    with progress("Validating X"):
+        assert current_phase() == "Validating X"
+        with progress("Profiling X"):
+            assert current_phase() == "Profiling X"
+        assert current_phase() == "Validating X"
+    assert current_phase() is None

@@ -146,7 +146,28 @@ def _progress_enabled() -> bool:
 
 @contextmanager
 def progress(message: str) -> Iterator[None]:
-    """A rich spinner on stderr while the block runs - only when stderr is a terminal."""
+    """A rich spinner on stderr while the block runs - only when stderr is a terminal - and the step named for
+    `current_phase()`."""
+    before = _phase[0]
+    _phase[0] = message
+    try:
+        yield from _shown(message)
+    finally:
+        _phase[0] = before
+
+
+#: the step a strategy is in now (`progress`), any thread's
+_phase: list[str | None] = [None]
+
+
+def current_phase() -> str | None:
+    """The step of the tuning that runs now ("Building ...", "Validating ...", "Profiling ..."; None between steps).
+    Why: a program or a probe that sees a slow request while a background job runs can tell which step shared the
+    machine with it (`benchmarks/probes/background_tuning.py` reports latencies per step)."""
+    return _phase[0]
+
+
+def _shown(message: str) -> Iterator[None]:
     if not _progress_enabled():
         yield
         return

@@ -48,3 +48,10 @@ def test_a_run_killed_by_a_signal_keeps_the_faulthandler_stacks(tmp_path, monkey
     assert data["exit_status"] == -11
     assert "launch_to_start_s" not in data  # (the fake child wrote no start time)
     assert len(data["stderr_tail"]) > 1000 and data["stderr_tail"].endswith(stacks[-100:])
+
+
+def test_the_probe_reads_the_jobs_step():
+    from aitune_core.strategies.strategy import progress
+
+    with progress("Validating X"):
+        assert bench._job_phase() == "Validating X"

@@ -70,3 +70,16 @@ def test_ratios_compare_the_cold_run_with_eager_and_compile():
     rows["jit-cold"].update(due_during_p99_ms=50.0, due_during_max_after_first_ms=100.0)
     ratio = report.ratios(rows, eager_rows)
     assert ratio["due_during_p99_over_eager"] == 2.5 and ratio["due_during_max_after_first_over_eager_p99"] == 5.0
+
+
+def test_latencies_while_tuning_are_split_by_the_jobs_step():
+    rows = [dict(_row(0.0, 0.5, False), late_s=0.0, phase=None)]  # the first request: left out (start-up)
+    for i, (phase, latency) in enumerate([("Building X", 0.010), ("Validating X", 0.080), ("Validating X", 0.060),
+                                          (None, 0.008), ("Profiling X", 0.020)]):
+        rows.append(dict(_row(0.1 * (i + 1), latency, False), late_s=0.0, phase=phase))
+    rows.append(dict(_row(1.0, 0.004, True), late_s=0.0, phase=None, tuning=False))  # after: not counted
+    by_phase = report.summarize({"rows": rows}, None)["due_during_by_phase"]
+    assert set(by_phase) == {"Building", "Validating", "Profiling", "other"}
+    assert by_phase["Validating"]["count"] == 2 and by_phase["Validating"]["max_ms"] == 80.0
+    assert by_phase["other"]["count"] == 1 and by_phase["other"]["p50_ms"] == 8.0
+
