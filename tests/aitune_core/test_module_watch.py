@@ -278,3 +278,29 @@ def test_a_submodule_added_after_tuning_is_watched_after_the_review():
     assert not watch.stale()
     added.weight = torch.nn.Parameter(torch.zeros(2, 2))
     assert watch.stale()
+
+
+def test_a_replaced_submodule_forward_diverts_and_a_weight_of_another_tensor_type_is_a_new_structure():
+    """accelerate's `add_hook_to_module` sets an instance `forward`; torchao's `quantize_` swaps a weight for a
+    tensor subclass. Neither changed class, shape, dtype or device, so the compiled graph's guards failed on them
+    and dynamo recompiled inside the program's call (a forward drawing random numbers drew them from Inductor's
+    generator). A replaced forward is treated like a hook: the original module answers while it is there."""
+    import types
+
+    class Marked(torch.Tensor):
+        pass
+
+    net = _net()
+    watch = ModuleWatch(net, [_Backend(False)])
+    epoch = module_epoch.EPOCH.value
+    net[2].forward = types.MethodType(lambda self, x: torch.nn.Linear.forward(self, x) * 2, net[2])
+    assert module_epoch.EPOCH.value != epoch and watch.stale()  # (the assignment moved the epoch)
+    verdict = watch.review(_refits()[1])
+    assert verdict.divert is not None and "forward was replaced" in verdict.divert  # (the original answers)
+    del net[2].forward
+    assert watch.review(_refits()[1]).clean  # served again, as when a hook is removed
+    net.forward = types.MethodType(lambda self, x: torch.nn.Sequential.forward(self, x), net)
+    assert watch.review(_refits()[1]).clean  # (the module's own: a wrapper around what serves it)
+    net[0].weight = torch.nn.Parameter(net[0].weight.detach().as_subclass(Marked))
+    verdict = watch.review(_refits()[1])
+    assert verdict.reshaped is not None and "another tensor type (Parameter -> Marked)" in verdict.reshaped

@@ -229,6 +229,32 @@ def test_a_tuned_module_cast_to_another_dtype_is_recorded_anew_and_tuned_at_it()
             assert CountingBackend.infers > infers and not node.dispatcher.watch.stale()  # serving at the new dtype
 
 
+def test_a_submodule_forward_replaced_after_tuning_is_answered_by_the_original_until_it_is_put_back():
+    """accelerate's `add_hook_to_module` (and a monkeypatch) set an instance `forward` on a child; the tuned graph
+    knew nothing of it, and Inductor recompiled it inside the call (a forward drawing random numbers then drew
+    them from Inductor's generator: every later answer and the program's own stream differed)."""
+    import types
+
+    from jit_helpers import CountingBackend
+
+    jit_config.min_parameters = 0
+    jit_config.strategy = OneBackendStrategy(CountingBackend())
+    net = _Embedder().eval()
+    enable()
+    x = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        for _ in range(3):
+            net(x)
+        node = PatchedModule.of(net)
+        assert node.state is NodeState.TUNED
+        net.fc.forward = types.MethodType(lambda self, h: torch.nn.Linear.forward(self, h) * 3, net.fc)
+        infers = CountingBackend.infers
+        expected = (torch.nn.Linear.forward(net.fc, net.embed(x)) * 3).relu()
+        assert torch.equal(net(x), expected) and CountingBackend.infers == infers  # the original answered
+        del net.fc.forward
+        assert torch.equal(net(x), net.fc(net.embed(x)).relu()) and CountingBackend.infers == infers + 1
+
+
 @pytest.mark.slow
 def test_an_inductor_module_cast_to_another_dtype_is_never_compiled_on_the_callers_call(tmp_path):
     """Inductor's dynamo guards would recompile for the new dtype inside the caller's call (4.9 s for a small BERT

@@ -11,9 +11,10 @@ What bumps the epoch (each patch is one `_Patch` record holding the exact origin
   `register_module_forward_pre_hook`, and `RemovableHandle.remove` (every hook removal);
 - `Module.train` (so `eval` too) when a flag actually changes; `Module._apply` (`to`, `cuda`, `half`, ...);
   `Module.load_state_dict`;
-- `Module.__setattr__` of a Module, a Parameter, a registered buffer or a changed `training` flag (a program that
-  sets `m.dropout.training = True` itself, without `train()`), `Module.__delattr__`, `add_module`,
-  `register_module`, `register_parameter`, `register_buffer`: only on a module of a watched tree (`watch_tree`).
+- `Module.__setattr__` of a Module, a Parameter, a registered buffer, a changed `training` flag (a program that
+  sets `m.dropout.training = True` itself, without `train()`) or an instance `forward` (accelerate's hooks),
+  `Module.__delattr__`, `add_module`, `register_module`, `register_parameter`, `register_buffer`: only on a
+  module of a watched tree (`watch_tree`).
   A forward that slices a `ModuleList` (`self.resnets[1:]` in diffusers, `self.layers[:n]` in transformers'
   LLaMA) builds a new container on every call; its `add_module` moved the epoch, and where that code runs in
   Python (a backend running the original forward, the eager parts of a graph with breaks) every call of the
@@ -142,7 +143,8 @@ def _setattr(original: Callable[..., Any]) -> Callable[..., Any]:
             and (isinstance(value, torch.nn.Parameter) or name in state.get("_buffers", ()))
         ) or (value is None and (name in state.get("_modules", ()) or name in state.get("_parameters", ()))) or (
             name == "training" and value != state.get("training")  # `m.drop.training = True` (MC dropout)
-        ))) or (id(self) in _VALUE_WATCHED and type(value) in PLAIN and state.get(name, _MISSING) != value):
+        ) or name == "forward")) or (  # an instance forward (accelerate's hooks, a monkeypatch)
+            id(self) in _VALUE_WATCHED and type(value) in PLAIN and state.get(name, _MISSING) != value):
             _bump_unless_traced()
         original(self, name, value)
 

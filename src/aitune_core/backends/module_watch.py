@@ -47,6 +47,7 @@ from torch.nn.modules import module as torch_module
 
 from aitune_core.backends import module_epoch
 from aitune_core.backends.inert_hooks import counted
+from aitune_core.forward_slot import SlotForward
 from aitune_core.log import get_logger
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class ModuleSnapshot:
     types: tuple[type, ...] = ()
     shapes: tuple[tuple[int, ...], ...] = ()
     values: tuple[tuple[tuple[str, object], ...], ...] = ()
+    tensor_types: tuple[type, ...] = ()  # a weight swapped for a tensor subclass (torchao's `quantize_`)
+    forwards: tuple[tuple[int, int] | None, ...] = ()  # instance forwards (accelerate's hooks, a monkeypatch)
 
     @classmethod
     def take(cls, module: torch.nn.Module) -> ModuleSnapshot:
@@ -110,6 +113,8 @@ class ModuleSnapshot:
             values=tuple(_plain_values(m) for m in modules),
             types=tuple(type(m) for m in modules),
             shapes=tuple(tuple(t.shape) for t in tensors),
+            tensor_types=tuple(type(t) for t in tensors),
+            forwards=tuple(_instance_forward(m) for m in modules),
         )
 
     def live_tensors(self) -> tuple[torch.Tensor | None, ...]:
@@ -145,6 +150,10 @@ class ModuleSnapshot:
             return "a parameter or buffer changed shape"
         if self.layouts != tuned.layouts:
             return _layout_change(tuned.layouts, self.layouts)
+        if self.tensor_types != tuned.tensor_types:
+            changed = sorted({f"{a.__name__} -> {b.__name__}" for a, b in zip(tuned.tensor_types, self.tensor_types)
+                              if a is not b})
+            return f"a parameter or buffer became another tensor type ({', '.join(changed)})"
         return None
 
 
@@ -158,6 +167,17 @@ def _layout_change(
     if devices:
         parts.append(f"its devices changed ({', '.join(devices)})")
     return " and ".join(parts)
+
+
+def _instance_forward(module: torch.nn.Module) -> tuple[int, int] | None:
+    """The identity of a `forward` set on the module instance (not aitune's own slot), None without one. Why: a
+    forward replaced after tuning (accelerate's `add_hook_to_module`, diffusers' hook registry, a monkeypatch)
+    changes what the module computes; the compiled graph's guards fail on it and dynamo recompiled it inside the
+    program's call, unvalidated (a forward that draws random numbers then drew them from Inductor's generator)."""
+    forward = vars(module).get("forward")
+    if forward is None or isinstance(forward, SlotForward):
+        return None
+    return (id(forward), id(getattr(forward, "__func__", forward)))
 
 
 def _plain_values(module: torch.nn.Module) -> tuple[tuple[str, object], ...]:
@@ -291,6 +311,10 @@ class ModuleWatch:
     def _divert_reason(self, current: ModuleSnapshot) -> str | None:
         if current.hooks:
             return "hooks are registered on its submodules (or globally)"
+        if current.forwards[1:] != self._tuned.forwards[1:] and current.same_tree(self._tuned):
+            # (the module's own: a wrapper around aitune's slot, as accelerate's hook on the root sets, still reaches
+            # the tuned graph through it)
+            return "a submodule's forward was replaced since tuning (an instance `forward`, as accelerate's hooks set)"
         tuned = self._tuned
         if current.same_tree(tuned):
             if current.training != tuned.training:
