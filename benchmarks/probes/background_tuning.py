@@ -256,8 +256,8 @@ def serve(options: argparse.Namespace) -> int:
 def _job_phase() -> str | None:
     """The step the background job's strategy is in ("Building ...", "Validating ...", "Profiling ..."), as the
     request starts (or, if none then, as it ends); None outside the strategy's steps or without aitune."""
-    strategy = sys.modules.get("aitune_core.strategies.strategy")
-    return strategy.current_phase() if strategy is not None and hasattr(strategy, "current_phase") else None
+    progress = sys.modules.get("aitune_core.strategies.progress")
+    return progress.current_phase() if progress is not None else None
 
 
 # ----------------------------------------------------------------------------------------------- the driver

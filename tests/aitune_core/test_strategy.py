@@ -6,7 +6,6 @@ from core_fakes import FakeConfig, GoodBackend, TinyMLP, WrongValuesBackend, rec
 
 from aitune_core.backends.backend import BackendState
 from aitune_core.errors import TuningFailedError
-from aitune_core.strategies import strategy as strategy_module
 from aitune_core.strategies.first_wins import FirstWinsStrategy
 from aitune_core.strategies.strategy import CandidateReport, TuneReport, TuneStrategy
 from aitune_core.strategies.tune_job import TuneJob
@@ -89,23 +88,6 @@ def test_log_layout(graph, tmp_path, caplog):
         assert found >= 0, f"{piece!r} missing (or out of order) in:\n{text}"
         position = found + len(piece)
     assert "\x1b[" not in text  # no terminal control codes in logs
-
-
-def test_no_spinner_without_a_terminal(monkeypatch):
-    class NotATerminal:
-        def isatty(self):
-            return False
-
-    class Terminal:
-        def isatty(self):
-            return True
-
-    monkeypatch.setattr(strategy_module.sys, "stderr", NotATerminal())
-    assert not strategy_module._progress_enabled()
-    monkeypatch.setattr(strategy_module.sys, "stderr", Terminal())
-    assert strategy_module._progress_enabled()
-    monkeypatch.setenv(strategy_module.PROGRESS_ENV, "0")
-    assert not strategy_module._progress_enabled()
 
 
 def test_correctness_check_can_be_disabled(graph, tmp_path):
@@ -231,14 +213,3 @@ def test_a_strategy_without_tune_cannot_be_made():
     with pytest.raises(TypeError, match="implements _tune"):
         Nothing([GoodBackend()])
 
-
-def test_the_strategy_names_its_step_while_it_runs():
-    from aitune_core.strategies.strategy import current_phase, progress
-
-    assert current_phase() is None
-    with progress("Validating X"):
-        assert current_phase() == "Validating X"
-        with progress("Profiling X"):
-            assert current_phase() == "Profiling X"
-        assert current_phase() == "Validating X"
-    assert current_phase() is None

@@ -40,12 +40,10 @@ before and after it. The built-in strategies implement `_tune_job(job)`.
 from __future__ import annotations
 
 import dataclasses
-import os
-import sys
 import time
 from abc import ABC
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -57,6 +55,7 @@ from aitune_core.log import get_logger, timed
 from aitune_core.module_info import count_parameters
 from aitune_core.specs.replay_state import replaying
 from aitune_core.specs.tables import render_graph_spec, render_sample_metadata
+from aitune_core.strategies.progress import progress
 from aitune_core.strategies.tune_job import TuneJob
 from aitune_core.validation.validator import validate_backend
 from aitune_core.validation.value_probes import check_value_probes
@@ -67,8 +66,6 @@ if TYPE_CHECKING:
     from aitune_core.specs.graph_spec import GraphSpec
 
 _logger = get_logger("strategy")
-
-PROGRESS_ENV = "AITUNE_PROGRESS"
 
 
 # ------------------------------------------------------------------------------------------------ reports
@@ -132,54 +129,6 @@ class TuneReport:
             if candidate.key == key and candidate.succeeded:
                 return candidate
         return None
-
-
-# ------------------------------------------------------------------------------------------------ progress
-def _progress_enabled() -> bool:
-    if os.environ.get(PROGRESS_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    try:
-        return bool(sys.stderr is not None and sys.stderr.isatty())
-    except Exception:
-        return False
-
-
-@contextmanager
-def progress(message: str) -> Iterator[None]:
-    """A rich spinner on stderr while the block runs - only when stderr is a terminal - and the step named for
-    `current_phase()`."""
-    before = _phase[0]
-    _phase[0] = message
-    try:
-        yield from _shown(message)
-    finally:
-        _phase[0] = before
-
-
-#: the step a strategy is in now (`progress`), any thread's
-_phase: list[str | None] = [None]
-
-
-def current_phase() -> str | None:
-    """The step of the tuning that runs now ("Building ...", "Validating ...", "Profiling ..."; None between steps).
-    Why: a program or a probe that sees a slow request while a background job runs can tell which step shared the
-    machine with it (`benchmarks/probes/background_tuning.py` reports latencies per step)."""
-    return _phase[0]
-
-
-def _shown(message: str) -> Iterator[None]:
-    if not _progress_enabled():
-        yield
-        return
-    try:
-        from rich.console import Console
-
-        status = Console(stderr=True).status(message)
-    except Exception:
-        yield
-        return
-    with status:
-        yield
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -51,7 +51,7 @@ def test_a_run_killed_by_a_signal_keeps_the_faulthandler_stacks(tmp_path, monkey
 
 
 def test_the_probe_reads_the_jobs_step():
-    from aitune_core.strategies.strategy import progress
+    from aitune_core.strategies.progress import progress
 
     with progress("Validating X"):
         assert bench._job_phase() == "Validating X"
