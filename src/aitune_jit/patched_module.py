@@ -213,14 +213,15 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         if not self._started:
             self._start()
         stack = tls.stack
-        outermost = not stack  # a request: a background job steps aside while it runs (worker_yield)
-        if outermost:
-            request_started()
-        stack.append(self)
-        try:
+        depth = len(stack)
+        outermost = not depth  # a request: a background job steps aside while it runs (worker_yield)
+        try:  # (everything inside: a program's signal handler may raise between any two steps)
+            stack.append(self)
+            if outermost:
+                request_started()
             return call(module, args, kwargs)
         finally:
-            stack.pop()
+            del stack[depth:]
             if outermost:
                 request_finished()
             state = self.state
@@ -357,8 +358,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
     def _tuned_request(self, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         """A tuned node's call outside any node's call while a job runs (re-tuning a range, tuning another module):
         a request the job steps aside for, as `observed_call` counts the calls of nodes off the fast path."""
-        request_started()
-        try:
+        try:  # (the count inside: see `observed_call`)
+            request_started()
             if self._recordable(args, kwargs):
                 return self._dispatch(args, kwargs)
             return self._unrouted(forward, args, kwargs)

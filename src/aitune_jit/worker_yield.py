@@ -82,8 +82,10 @@ _free_runs = [0]  # free runs begun in this process (`free_runs`)
 
 
 def request_started() -> None:
+    """Count a request in flight (program threads, every outermost call). `with _lock`, not `_cond`: a signal
+    handler that raised inside the Condition's Python `__enter__` left it held (SIGALRM deadlines: 5 of 8 hung)."""
     global _inflight
-    with _cond:
+    with _lock:
         if not _inflight and _jobs:
             now = time.monotonic()
             program_gaps.requests_resumed(now)
@@ -94,7 +96,7 @@ def request_started() -> None:
 
 def request_finished() -> None:
     global _inflight
-    with _cond:
+    with _lock:  # (see `request_started`; `_cond` is over this lock, so notifying inside is allowed)
         _inflight -= 1
         if _inflight <= 0:
             _inflight = 0

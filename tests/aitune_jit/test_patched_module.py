@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 from jit_helpers import CountingBackend, make_mlp, run
 
@@ -175,3 +176,25 @@ def test_a_forward_the_program_kept_still_answers_after_jit_tuning_is_switched_o
         disable()
         torch.testing.assert_close(kept(x), want)
         torch.testing.assert_close(model(x), want)
+
+
+def test_a_call_interrupted_on_its_way_in_leaves_no_request_counted_and_no_stack_entry(monkeypatch):
+    """A signal handler may raise between any two steps of the call path; the request count and the call stack
+    must come back as they were (a request left counted makes a background job wait on it for good)."""
+    from aitune_jit import patched_module, worker_yield
+    from aitune_jit.runtime import tls
+
+    jit_config.backends = [CountingBackend()]
+    jit_config.min_parameters = 0
+    model = make_mlp()
+    enable()
+    started = patched_module.request_started
+
+    def interrupted() -> None:
+        started()
+        raise TimeoutError  # (the handler's exception, right after the count)
+
+    monkeypatch.setattr(patched_module, "request_started", interrupted)
+    with torch.no_grad(), pytest.raises(TimeoutError):
+        model(torch.randn(2, 8))
+    assert worker_yield.requests_in_flight() == 0 and not tls.stack

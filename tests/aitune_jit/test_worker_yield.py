@@ -459,3 +459,24 @@ def test_a_cancel_is_not_raised_where_a_context_manager_releases_what_it_took(mo
     assert outcome[1:] == ["stopped"]  # raised at `_tick`, after the exit released the lock
     assert held.lock.acquire(timeout=1)
     held.lock.release()
+
+
+def test_the_request_counters_take_the_plain_lock(monkeypatch):
+    """A program's signal handler (a per-request deadline) that raised inside the Condition's Python `__enter__`,
+    right after its acquire, left the lock held, and every later call of the program waited on it."""
+
+    class Exploding:  # where such a handler's exception landed
+        def __enter__(self):
+            raise TimeoutError  # (a deadline handler's exception)
+
+        def __exit__(self, *exc_info):
+            return False
+
+        def notify_all(self):
+            return None
+
+    monkeypatch.setattr(wy, "_cond", Exploding())
+    wy.request_started()
+    assert wy.requests_in_flight() == 1
+    wy.request_finished()
+    assert wy.requests_in_flight() == 0 and not wy._lock.locked()
