@@ -191,6 +191,22 @@ class _Embedder(torch.nn.Module):
         return self.fc(self.embed(ids)).relu()
 
 
+def _embedder_tuned_with_counting_backend() -> tuple[torch.nn.Module, torch.Tensor]:
+    """An `_Embedder` tuned (blocking) with `CountingBackend`, and the input it was called with."""
+    from jit_helpers import CountingBackend
+
+    jit_config.min_parameters = 0
+    jit_config.strategy = OneBackendStrategy(CountingBackend())
+    net = _Embedder().eval()
+    enable()
+    x = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():
+        for _ in range(3):
+            net(x)
+    assert PatchedModule.of(net).state is NodeState.TUNED
+    return net, x
+
+
 def _calls_until_tuned(net: torch.nn.Module, node: PatchedModule, x: torch.Tensor, eager: torch.nn.Module) -> None:
     """Call `net` (checking each answer against `eager`) until its node is TUNED again (blocking mode)."""
     for _ in range(10):
@@ -237,16 +253,8 @@ def test_a_submodule_forward_replaced_after_tuning_is_answered_by_the_original_u
 
     from jit_helpers import CountingBackend
 
-    jit_config.min_parameters = 0
-    jit_config.strategy = OneBackendStrategy(CountingBackend())
-    net = _Embedder().eval()
-    enable()
-    x = torch.randint(0, 50, (3, 7))
+    net, x = _embedder_tuned_with_counting_backend()
     with torch.no_grad():
-        for _ in range(3):
-            net(x)
-        node = PatchedModule.of(net)
-        assert node.state is NodeState.TUNED
         net.fc.forward = types.MethodType(lambda self, h: torch.nn.Linear.forward(self, h) * 3, net.fc)
         infers = CountingBackend.infers
         expected = (torch.nn.Linear.forward(net.fc, net.embed(x)) * 3).relu()
@@ -387,17 +395,7 @@ def test_calls_that_miss_the_compiled_code_by_their_input_layout_are_recorded_an
 
 def test_a_submodule_put_in_after_tuning_and_first_called_in_training_mode_is_not_adopted():
     """Adopted, it would carry a forward wrapper in its `__dict__`, which the tuned graph's guards see."""
-    from jit_helpers import CountingBackend
-
-    jit_config.min_parameters = 0
-    jit_config.strategy = OneBackendStrategy(CountingBackend())
-    net = _Embedder().eval()
-    enable()
-    x = torch.randint(0, 50, (3, 7))
-    with torch.no_grad():
-        for _ in range(3):
-            net(x)
-    assert PatchedModule.of(net).state is NodeState.TUNED
+    net, x = _embedder_tuned_with_counting_backend()
     net.fc = torch.nn.Linear(32, 32)
     net.train()
     net(x).sum().backward()
