@@ -3,7 +3,9 @@
 `measure(fn, args, kwargs, device=...)` returns the median latency of one call in milliseconds:
 
 - on CUDA, each call is bracketed by a pair of CUDA events on the current stream and the device is synchronized
-  once at the end (the events give GPU-side time without a host sync per iteration);
+  once at the end (the events give GPU-side time without a host sync per iteration); at most
+  `settings.cuda_queued_calls` calls are queued ahead of the GPU (`gpu_backlog.CallBacklog`), so a serving
+  thread's request is never queued behind a long run of them;
 - on CPU, `time.perf_counter()` around each call.
 
 Every call runs under `torch.no_grad()`. The number of calls is `warmup` (not timed), then at least
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from aitune_core.gpu_backlog import CallBacklog
 from aitune_core.timed_section import timed
 
 if TYPE_CHECKING:
@@ -61,6 +64,8 @@ class ProfileSettings:
     cuda_iterations: int = 30
     cuda_min_time_s: float = 0.2
     max_iterations: int = 1000
+    #: calls (timed or warm-up) queued ahead of the GPU at most; 0: unbounded (see `gpu_backlog`)
+    cuda_queued_calls: int = 2
     #: `compare`: target duration of one function's share of a round, and the time budget of one comparison
     cpu_round_s: float = 0.02
     cpu_budget_s: float = 1.0
@@ -184,8 +189,11 @@ def measure_all(
     prepare = _preparer(fn)
 
     with torch.no_grad():
+        backlog = CallBacklog(settings.cuda_queued_calls if cuda else 0)
         for _ in range(max(warmup, 0)):  # (not timed: the job may step aside inside these)
+            backlog.before_call()
             fn(*args, **kwargs)
+            backlog.after_call()
         if cuda:
             with torch.cuda.device(dev):
                 torch.cuda.synchronize()
@@ -194,7 +202,7 @@ def measure_all(
                 while len(events) < settings.max_iterations and (
                     len(events) < iterations or time.perf_counter() - start_wall < min_time_s
                 ):
-                    events.append(_cuda_call(fn, args, kwargs, prepare))
+                    events.append(_cuda_call(fn, args, kwargs, prepare, backlog))
                     if min_time_s and len(events) >= iterations and len(events) % iterations == 0:
                         torch.cuda.synchronize()  # so that the wall clock check sees finished work
                 torch.cuda.synchronize()
@@ -209,14 +217,17 @@ def measure_all(
 
 
 def _cuda_call(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any],
-               prepare: Callable[[], None]) -> tuple[torch.cuda.Event, torch.cuda.Event]:
-    """One call bracketed by CUDA events; its inputs are prepared first, outside the bracket."""
+               prepare: Callable[[], None], backlog: CallBacklog) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """One call bracketed by CUDA events; its inputs are prepared first, outside the bracket, once fewer than
+    `backlog.depth` earlier calls are still queued (the wait is outside the bracket too)."""
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    backlog.before_call()
     prepare()
     with timing_unpaused():
         begin.record()
         fn(*args, **kwargs)
         end.record()
+    backlog.after_call(end)
     return begin, end
 
 
@@ -295,7 +306,8 @@ def _timed_calls(fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[st
     """Latencies (ms) of `count` calls; on CUDA bracketed by events and synchronized once at the end."""
     prepare = _preparer(fn)
     if cuda:
-        events = [_cuda_call(fn, args, kwargs, prepare) for _ in range(count)]
+        backlog = CallBacklog(settings.cuda_queued_calls)
+        events = [_cuda_call(fn, args, kwargs, prepare, backlog) for _ in range(count)]
         torch.cuda.synchronize()
         return [b.elapsed_time(e) for b, e in events]
     return [_host_call(fn, args, kwargs, prepare) for _ in range(count)]
