@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aitune_core import thread_warnings
 from aitune_core.log import install_stderr_warnings, quiet_progress, remove_stderr_warnings, restore_progress
-from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_draws, job_rng, reparametrized
+from aitune_jit import compiler_prefetch, fx_trace_lock, hook, job_draws, job_module_hooks, job_rng, reparametrized
 
 
 def enable() -> None:
@@ -31,6 +31,7 @@ def disable() -> None:
     hook.uninstall()
     job_rng.uninstall()
     job_draws.uninstall()
+    job_module_hooks.uninstall()
     fx_trace_lock.uninstall()
     reparametrized.uninstall()
     thread_warnings.uninstall()

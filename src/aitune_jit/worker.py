@@ -49,6 +49,7 @@ from aitune_jit import (
     device_guard_pin,
     fx_trace_lock,
     job_draws,
+    job_module_hooks,
     job_rng,
     py_start_gate,
     training_switch,
@@ -226,7 +227,8 @@ class TuningWorker:
                 return
             _side_imports_done(SIDE_JOB_WAIT_S)  # (they import what this job needs: one import, not two at once)
             prime_inductor_without_fx_patching()
-            job_draws.install()  # (the compiler's own draws: from the job's generators, see job_draws)
+            for own in (job_draws, job_module_hooks):  # the compiler's draws, and its module hooks, stay the job's
+                own.install()
             if torch.cuda.is_available():
                 capture_guard.install()  # the job and the application capture and synchronize concurrently
             gate = steps_aside(_keeps_running)  # (waits from the start)
