@@ -43,6 +43,11 @@ launch (`launch_to_tuned_s`: interpreter start, imports and model set-up include
 `import torch` count as torch.compile's imports in its `torch.compile()` line do), the root's final state
 (and why, when it stayed eager), outputs vs eager on fixed inputs.
 
+With `--cudagraph-history`, the JIT's served processes record where each tensor of a CUDA-graph pool was
+allocated (`torch._inductor.config.triton.cudagraph_trees_history_recording`, which imports Inductor before the
+first request) and keep the whole text of each failed pool check (`cudagraph_pool_failures`): the reduce-overhead
+candidate's intermittent "Detected N tensor(s) in the cudagraph pool not tracked as outputs".
+
 Where a slow request waited: a watchdog thread in the served process samples the Python stacks of the main
 thread and of aitune's tuning thread while a request runs longer than `--stall-ms`, and `gc.callbacks` time
 every garbage collection; the slowest requests' samples and the long collections are in the results.
@@ -189,6 +194,7 @@ def serve(options: argparse.Namespace) -> int:
     module = models.build(options.model, 1).module.to(device)
     # the clock starts before `torch.compile()`: that line imports Inductor (seconds on a GPU machine), a cost the
     # script pays for torch.compile as the JIT pays it on its worker
+    pool_failures = _watch_cudagraph_pool() if options.cudagraph_history else []
     frozen_at_start = gc.get_freeze_count()  # (objects frozen before the first request: not by a tuning job)
     start = time.perf_counter()
     start_wall = time.time()  # (the driver's launch time is on the same wall clock: `launch_to_start_s`)
@@ -249,8 +255,29 @@ def serve(options: argparse.Namespace) -> int:
         "stalls": [{"request": i, "latency_ms": 1e3 * rows[i]["latency_s"], "samples": sampler.samples[i]}
                    for i in slowest if i < len(rows)],
         "long_collections": sorted(sampler.collections, key=lambda c: -c["ms"])[:10],
+        "cudagraph_pool_failures": pool_failures,
     }))
     return 0
+
+
+def _watch_cudagraph_pool() -> list[str]:
+    """Allocation histories on, and the full text of every failed pool check kept (`--cudagraph-history`)."""
+    import torch._inductor.cudagraph_trees as trees
+    from torch._inductor import config
+
+    config.triton.cudagraph_trees_history_recording = True
+    failures: list[str] = []
+    check = trees.check_memory_pool
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return check(*args, **kwargs)
+        except Exception as exc:
+            failures.append(f"{threading.current_thread().name}: {type(exc).__name__}: {exc}"[:12000])
+            raise
+
+    trees.check_memory_pool = checked
+    return failures
 
 
 def _job_phase() -> str | None:
@@ -296,6 +323,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
                "--schedule", schedule, "--device", args.device, "--requests", str(requests), "--after",
                str(args.after), "--interval-ms", str(args.interval_ms), "--stall-ms", str(args.stall_ms),
                "--out", str(out), "--check-out", str(check)]
+    if getattr(args, "cudagraph_history", False) and contender.startswith("jit"):
+        command.append("--cudagraph-history")
     if contender.startswith("compile"):
         command += ["--compile", "dynamic" if contender == "compile-dynamic" else "default"]
     began, launched_wall = time.perf_counter(), time.time()
@@ -375,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                         "precompiled functions; aoti: AOTInductor packages)")
     p.add_argument("--stall-ms", type=float, default=50.0, help="sample stacks of requests slower than this")
     p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.add_argument("--cudagraph-history", action="store_true",
+                   help="JIT contenders record CUDA-graph pool allocation histories and keep failed pool checks")
     args = p.parse_args(argv)
     if args.serve:
         if args.model is None:

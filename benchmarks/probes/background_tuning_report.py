@@ -69,7 +69,8 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
     if first_tuned is not None and "launch_to_start_s" in data:
         summary["launch_to_tuned_s"] = data["launch_to_start_s"] + summary["time_to_tuned_s"]
     for key in ("compile_call_s", "setup_s", "launch_to_start_s", "frozen_at_start", "stalls", "long_collections",
-                "stderr_lines", "exit_status", "stderr_tail", "backends", "summary", "history"):
+                "stderr_lines", "exit_status", "stderr_tail", "backends", "summary", "history",
+                "cudagraph_pool_failures"):
         if key in data:
             summary[key] = data[key]
     if eager is not None and "checks" in eager:

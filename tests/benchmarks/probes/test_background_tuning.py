@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from benchmarks.probes import background_tuning as bench
@@ -55,3 +56,19 @@ def test_the_probe_reads_the_jobs_step():
 
     with progress("Validating X"):
         assert bench._job_phase() == "Validating X"
+
+
+def test_a_failed_cudagraph_pool_check_is_kept_whole_and_still_raised(monkeypatch):
+    import torch._inductor.cudagraph_trees as trees
+    from torch._inductor import config
+
+    def failing_check(*args, **kwargs):
+        raise RuntimeError("Detected 2 tensor(s) in the cudagraph pool not tracked as outputs\nhistory: ...")
+
+    monkeypatch.setattr(trees, "check_memory_pool", failing_check)
+    monkeypatch.setattr(config.triton, "cudagraph_trees_history_recording", False)
+    failures = bench._watch_cudagraph_pool()
+    assert config.triton.cudagraph_trees_history_recording is True
+    with pytest.raises(RuntimeError, match="not tracked"):
+        trees.check_memory_pool(0, (0, 0), [])
+    assert len(failures) == 1 and "history: ..." in failures[0] and "RuntimeError" in failures[0]
