@@ -25,7 +25,8 @@ CUDA graphs
     throughput). `torch.compiler.cudagraph_mark_step_begin()` is never called: the first call of it in a process
     switches every CUDA-graph function - the user's own too - to counting generations by mark steps only, and a
     user's function then re-records instead of replaying. A module whose calls change their arguments (a KV cache,
-    `Sample.mutates_inputs`) is refused: what it writes into them would be a replay buffer.
+    `Sample.mutates_inputs`) is refused: what it writes into them would be a replay buffer. Any thread may compile
+    with CUDA graphs (`cudagraph_threads`: a job's, the serving one's recompiles).
 
 One compiled entry per backend
     The module is compiled through `isolated_entry(module)`, a code object of its own (dynamo keeps entries per code
@@ -40,8 +41,8 @@ Recompile limit, batch sizes
 
 Deactivate, checkpoint (`to_dict` / `from_dict`)
     `deactivate()` drops the compiled wrapper and the samples (`torch._dynamo.reset()` is global: never called). A
-    checkpoint stores only the configuration, the output dtypes, the forward binder and the dynamic-axis marks; the
-    module is the user's, required by `from_dict`. Compilation happens again, lazily, on the first call after loading.
+    checkpoint stores the configuration, output dtypes, forward binder and dynamic-axis marks (the module is the
+    user's, for `from_dict`); it compiles again, lazily, at the first call after loading.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
+from aitune_core.backends import cudagraph_threads
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.batch_probes import batch_probes
 from aitune_core.backends.compile_regions import CompileRegions, compiles_whole
@@ -103,9 +105,8 @@ class TorchInductorBackendConfig(BackendConfig):
         mode: one of `VALID_MODES`; cannot be combined with `options`.
         options: Inductor options (`torch._inductor.list_options()`); cannot be combined with `mode`.
         autocast_enabled: run inference inside `torch.autocast`.
-        autocast_dtype: `torch.float16` or `torch.bfloat16` (a string such as "torch.float16" is accepted, for
-            configs read back from JSON); None means the device's autocast default (float16 on CUDA, bfloat16 on
-            CPU).
+        autocast_dtype: `torch.float16` or `torch.bfloat16` (or its string, from a JSON config); None means the
+            device's autocast default (float16 on CUDA, bfloat16 on CPU).
         regions: trace identical sibling blocks once, as nested compile regions (`compile_regions`); a compile
             that fails with them is tried again without. On a GPU, a graph whose calls change their arguments
             (a decoding step) compiles whole regardless: its host work is in every call.
@@ -231,6 +232,8 @@ class TorchInductorBackend(Backend):
 
     def _compile(self) -> Any:
         cfg = self.config
+        if cfg.wants_cudagraphs:
+            cudagraph_threads.install()
         if self._entry is None:
             assert self._module is not None
             self._entry = isolated_entry(self._module, f"aitune_inductor_{type(self._module).__name__}")
@@ -252,11 +255,10 @@ class TorchInductorBackend(Backend):
 
     @contextlib.contextmanager
     def _marked(self, args: tuple[Any, ...], kwargs: dict[str, Any], *, soft: bool) -> Iterator[None]:
-        """While the block runs, the recorded dynamic axes are marked on the call's own tensors; the marks are taken
-        off afterwards (`dynamic_marks`). The call keeps its own argument objects: marking detached aliases had
-        rebuilt its containers, so a forward that fills the dict it is given (sentence-transformers' modules
-        write their embeddings into the caller's `BatchEncoding`) filled a copy - on the first call in a new grad
-        mode, the caller's dict stayed unfilled."""
+        """While the block runs, the recorded dynamic axes are marked on the call's own tensors, taken off after
+        (`dynamic_marks`). The call keeps its own argument objects: marking detached aliases rebuilt its containers,
+        so a forward filling the dict it is given (sentence-transformers' modules fill the caller's
+        `BatchEncoding`) filled a copy - on the first call in a new grad mode, the caller's dict stayed unfilled."""
         binder = self._binder
         if not self._marks or binder is None or self.config.dynamic is False:
             yield
