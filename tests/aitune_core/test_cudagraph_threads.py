@@ -88,3 +88,45 @@ def test_installed_on_torchs_module_another_thread_gets_a_container():
         cudagraph_threads.uninstall()
     assert not getattr(trees.get_obj, "aitune_any_thread", False)
     assert torch._C._is_key_in_tls("tree_manager_containers")  # (this thread's state is the module's own)
+
+
+CROSS_THREAD_COMPILE = '''
+import sys, threading, torch
+import torch._inductor.cudagraph_trees  # (this thread imports the trees first, as a program of its own may)
+from aitune_core.backends import cudagraph_threads
+if sys.argv[1] == "patched":
+    cudagraph_threads.install()
+net = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).cuda().eval()
+x = torch.randn(4, 16, device="cuda")
+box = {}
+def job():
+    try:
+        compiled = torch.compile(net, mode="reduce-overhead")
+        with torch.no_grad():
+            for _ in range(3):
+                out = compiled(x)
+        box["diff"] = float((out - net(x)).abs().max())
+    except Exception as exc:
+        box["error"] = type(exc).__name__
+thread = threading.Thread(target=job)
+thread.start()
+thread.join()
+print(box)
+'''
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_second_thread_compiles_with_cuda_graphs(tmp_path):
+    """On the GPU: the thread that did not import the trees compiles and replays a reduce-overhead graph; without
+    the patch it fails where torch asserts (2.11), and works where torch sets the thread up itself."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "cross_thread.py"
+    script.write_text(CROSS_THREAD_COMPILE)
+    runs = {how: subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=600)
+            for how in ("patched", "plain")}
+    patched = runs["patched"].stdout.strip().splitlines()[-1]
+    assert "'diff'" in patched and "error" not in patched, runs["patched"].stderr[-2000:]
+    plain = runs["plain"].stdout.strip().splitlines()[-1]
+    assert "'diff'" in plain or "AssertionError" in plain, runs["plain"].stderr[-2000:]
