@@ -34,7 +34,7 @@ def _by_phase(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, Any]:
     if "error" in data:
-        return {"error": data["error"]}
+        return {key: data[key] for key in ("error", "exit_status") if key in data}
     rows = data["rows"]
     # while tuning runs (the root not tuned yet, or the worker still busy with other graphs) / after it all ended
     during = [r["latency_s"] for r in rows if r.get("tuning", not r["tuned"])]

@@ -51,6 +51,22 @@ def test_a_run_killed_by_a_signal_keeps_the_faulthandler_stacks(tmp_path, monkey
     assert len(data["stderr_tail"]) > 1000 and data["stderr_tail"].endswith(stacks[-100:])
 
 
+def test_a_run_without_a_result_keeps_its_first_traceback(tmp_path, monkeypatch):
+    stderr = ("Traceback (most recent call last):\n  File serve.py\nRuntimeError: boom\n"
+              + "New child module: ReLU\n" * 500 + "aitune JIT tuning summary\n")
+
+    def fake_run(command, env, **kwargs):
+        return type("Done", (), {"returncode": 1, "stderr": stderr})()
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    args = argparse.Namespace(requests=10, after=5, device="cpu", interval_ms=20.0,
+                              stall_ms=50.0, timeout_s=60.0, packages="off")
+    data = bench._run("jit-cold", "tiny_resnet", "mixed", args, tmp_path)
+    assert data["exit_status"] == 1
+    assert data["error"].startswith("Traceback") and "RuntimeError: boom" in data["error"]
+    assert data["error"].endswith("aitune JIT tuning summary\n")
+
+
 def test_the_probe_reads_the_jobs_step():
     from aitune_core.strategies.progress import progress
 
