@@ -284,7 +284,8 @@ def _job_phase() -> str | None:
     """The step the background job's strategy is in ("Building ...", "Validating ...", "Profiling ..."), as the
     request starts (or, if none then, as it ends); None outside the strategy's steps or without aitune."""
     progress = sys.modules.get("aitune_core.strategies.progress")
-    return progress.current_phase() if progress is not None else None
+    current = getattr(progress, "current_phase", None)  # (None while the job thread is still importing it)
+    return current() if current is not None else None
 
 
 # ----------------------------------------------------------------------------------------------- the driver

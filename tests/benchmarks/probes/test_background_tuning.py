@@ -67,6 +67,13 @@ def test_a_run_without_a_result_keeps_its_first_traceback(tmp_path, monkeypatch)
     assert data["error"].endswith("aitune JIT tuning summary\n")
 
 
+def test_the_step_is_none_while_the_progress_module_is_half_imported(monkeypatch):
+    import types
+
+    monkeypatch.setitem(bench.sys.modules, "aitune_core.strategies.progress", types.ModuleType("half"))
+    assert bench._job_phase() is None
+
+
 def test_the_probe_reads_the_jobs_step():
     from aitune_core.strategies.progress import progress
 
