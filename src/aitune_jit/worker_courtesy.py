@@ -17,9 +17,10 @@ and the sampled stacks put the main thread inside ordinary eager ops (a convolut
   caches), so on an H200 its full collections still took 70-135 ms each. `AITUNE_WORKER_GC=refreeze` also
   freezes what survives each full collection during a job (`gc.callbacks`), so the next one scans only what is
   newer: 20-35 ms each in the same runs. It is not the default: cyclic garbage that was alive at such a moment
-  is not collected until the job ends, and in one of its runs the `reduce-overhead` candidate failed torch's
-  check that every tensor left in the CUDA-graph pool is an output (an error seen before without it, not shown to
-  be caused by it). With `AITUNE_WORKER_GC=pause` automatic collection is off during the job instead and one
+  is not collected until the job ends, and in two of its ResNet-50 runs on an H200 (1a2e856, 36dbb8c) the
+  `reduce-overhead` candidate failed torch's check that every tensor left in the CUDA-graph pool is an output
+  (the check collects garbage first, and frozen garbage is out of its reach; the same error was seen once
+  without it, on an H100). With `AITUNE_WORKER_GC=pause` automatic collection is off during the job instead and one
   collection of the youngest generation follows it (unless the program's own last word during the job was
   `gc.disable()`: it stays off); `keep` leaves the collector alone.
   `gc.freeze()` is also a program's own tool (a server that preloads and forks freezes its heap so the children
