@@ -4,6 +4,8 @@ attributes or draws random numbers is named; a pure call, and aitune's or torch'
 from __future__ import annotations
 
 import importlib.util
+import io
+import itertools
 import logging
 import random
 import types
@@ -29,6 +31,11 @@ class _Net(nn.Module):
         self.logger = logging.getLogger("tests.module_effects")  # a level cache that fills is not the forward's
         self.generator = torch.Generator().manual_seed(1)  # the program's own streams: read, unless drawn from
         self.python_random = random.Random(2)
+        self.ticket = itertools.count()  # iterators and an in-memory log: read, unless the forward moves them
+        self.queue = iter(range(100))
+        self.text_log = io.StringIO()
+        self.byte_log = io.BytesIO()
+        self.ticks = self._ticks()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         effect = self.effect
@@ -62,9 +69,27 @@ class _Net(nn.Module):
             self.meter.n += 1
         elif effect == "namespace-tensor":
             self.meter.total.add_(x.sum())
+        elif effect == "count":
+            x = x * next(self.ticket)
+        elif effect == "iterator":
+            x = x * next(self.queue)
+        elif effect == "text-log":
+            self.text_log.write("called\n")
+        elif effect == "byte-log":
+            self.byte_log.write(b"called")
+        elif effect == "python-generator":
+            x = x * next(self.ticks)
         self.logger.isEnabledFor(logging.DEBUG)
         assert self.config.width == x.shape[-1]
         return self.fc(x) * self.scale
+
+
+    @staticmethod
+    def _ticks():
+        tick = 0
+        while True:
+            yield tick
+            tick += 1
 
 
 def _changes(net: nn.Module) -> str | None:
@@ -96,6 +121,12 @@ def test_each_kind_of_effect_is_named():
         "dict-list": "its attribute `stats`",
         "namespace": "its attribute `meter`",
         "namespace-tensor": "its attribute `meter`",
+        # objects that change behind the same identity (before, a counter read 19 after 10 calls)
+        "count": "its attribute `ticket`",
+        "iterator": "its attribute `queue`",
+        "text-log": "its attribute `text_log`",
+        "byte-log": "its attribute `byte_log`",
+        "python-generator": "its attribute `ticks`",
     }
     if importlib.util.find_spec("numpy") is not None:
         expected["numpy-global"] = "numpy's global random state"

@@ -5,8 +5,8 @@ before it is replayed (`module_effects`, `outside_effects`). A fingerprint reads
 identity and version counter, which every in-place write moves.
 
 - `fingerprint(value)`: one level - simple values by value, tensors by identity and version, the given sized
-  containers by identity and length, random-number generators by their state (`rng_state`), anything else by
-  identity.
+  containers by identity and length, random-number generators by their state (`rng_state`), iterators and
+  in-memory streams by what a call moves in them (`object_state`), anything else by identity.
 - `contents_fingerprint(value, depth)`: also looks `depth` levels into dicts, lists, tuples, deques and plain
   objects (instances with a `__dict__` that are not modules, classes, functions or the standard library's
   machinery). Where state is kept one level down, the one-level fingerprint saw nothing: a step count in
@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from aitune_core.recording.object_state import object_state
 from aitune_core.recording.rng_state import rng_state
 
 SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size, enum.Enum)
@@ -62,6 +63,9 @@ def fingerprint(value: Any, sized: tuple[type, ...] = SIZED) -> Any:
     state = rng_state(value)  # (a generator the program keeps: by its state, which every draw moves)
     if state is not None:
         return ("generator", id(value), state)
+    state = object_state(value)  # (an iterator or an in-memory stream: by what a call moves in it)
+    if state is not None:
+        return ("state", id(value), state)
     return ("object", id(value))
 
 
