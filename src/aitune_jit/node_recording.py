@@ -32,6 +32,7 @@ from aitune_jit import reparametrized
 from aitune_jit.config import jit_config
 from aitune_jit.signal_passthrough import HandlerRaised
 from aitune_jit.state import NodeState
+from aitune_jit.torch_call_site import call_forward
 
 if TYPE_CHECKING:
     from aitune_core.recording.graph_recorder import GraphRecorder
@@ -49,12 +50,12 @@ class NodeRecording:
         """Run the original forward and record the call: inputs as they were before it ran, and whether it
         changed them (a forward that changes its arguments cannot be replayed for tuning)."""
         if self._tuning and self._seen_enough(args, kwargs):  # during its job only new graphs are recorded
-            return forward(*args, **kwargs)
+            return call_forward(forward, args, kwargs)
         watch = self._watch(args, kwargs)
         before = self._copy_before(args, kwargs) if self._stateful else None
         effects = self._effects()
         try:
-            output = forward(*args, **kwargs)
+            output = call_forward(forward, args, kwargs)  # (warnings name torch's line, as plainly)
         except BaseException:
             for effect in effects:
                 effect.abandon()
@@ -85,10 +86,10 @@ class NodeRecording:
         graph, recorded while the prefill ran eagerly, never saw; every `generate()` missed once, and re-tunes on
         the old samples missed again."""
         if self._tuning or self._recorder is None or not self._growth.keep_missed(graph):
-            return forward(*args, **kwargs)
+            return call_forward(forward, args, kwargs)
         watch = self._watch(args, kwargs)
         before = self._copy_before(args, kwargs) if self._stateful else None
-        output = forward(*args, **kwargs)
+        output = call_forward(forward, args, kwargs)
         try:
             self._record(args, kwargs, output, watch, before, keep=True)
         except Exception as exc:  # aitune's own failure: never the user's call

@@ -44,6 +44,7 @@ from aitune_jit.node_views import NodeViews, format_count
 from aitune_jit.range_growth import RangeGrowth
 from aitune_jit.runtime import CANDIDATE, NODE_ATTR, in_dynamo_region, is_compiling, skip_as_top_frame, tls
 from aitune_jit.state import NodeState
+from aitune_jit.torch_call_site import call_forward
 from aitune_jit.worker_yield import jobs_stepping_aside, request_finished, request_started
 
 if TYPE_CHECKING:
@@ -339,7 +340,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
             return self._unrouted(forward, args, kwargs)
         if state is NodeState.RECORDING and self._recordable(args, kwargs):  # recorded during its job too
             return self._recorded_call(forward, args, kwargs)  # type: ignore[arg-type]
-        return forward(*args, **kwargs)  # type: ignore[misc]
+        return call_forward(forward, args, kwargs)  # type: ignore[arg-type]
 
     @staticmethod
     def _unrouted(forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -351,7 +352,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         state = tls
         state.bypass += 1
         try:
-            return forward(*args, **kwargs)
+            return call_forward(forward, args, kwargs)
         finally:
             state.bypass -= 1
 
