@@ -14,9 +14,10 @@ For each workload, fresh processes serve a fixed request stream (one request eve
   request is served) and a cache folder of its own;
 - `jit-cold-profile`: as `jit-cold` with `AITUNE_WORKER_YIELD_GATE=profile` (the job steps aside through a
   profile function instead of the monitoring callback of Python 3.12+) and a cache folder of its own;
-- `jit-cold-gcrefreeze` / `jit-cold-gcpause`: as `jit-cold` with `AITUNE_WORKER_GC=refreeze` (what survives each
-  full collection during the job is frozen too) / `pause` (no automatic collection during the job), each with a
-  cache folder of its own;
+- `jit-cold-gcrefreeze` / `jit-cold-gcyoung` / `jit-cold-gcpause`: as `jit-cold` with `AITUNE_WORKER_GC=refreeze`
+  (what survives each full collection during the job is frozen too) / `young` (no automatic full collection
+  during the job, one of the job's objects at its end) / `pause` (no automatic collection during the job), each
+  with a cache folder of its own;
 - `jit-warm`: again, with the folder the cold run filled (a second replica, or the next deployment);
 - `jit-warm-noprefetch`: as `jit-warm` with `AITUNE_WORKER_PREFETCH=off` (torch's compiler is not imported in
   the background while the script builds its model: `aitune_jit/compiler_prefetch.py`);
@@ -83,7 +84,7 @@ WORKLOADS = {
     "tiny": {"resnet50-mixed": ("tiny_resnet", "mixed"), "bert-varlen": ("tiny_bert", "varlen")},
 }
 #: contenders that run `jit-cold` with another collector policy of the worker (`AITUNE_WORKER_GC`)
-GC_CONTENDERS = {"jit-cold-gcrefreeze": "refreeze", "jit-cold-gcpause": "pause"}
+GC_CONTENDERS = {"jit-cold-gcrefreeze": "refreeze", "jit-cold-gcyoung": "young", "jit-cold-gcpause": "pause"}
 CONTENDERS = ("eager", "jit-cold", "jit-cold-thread", "jit-cold-nostep", "jit-cold-profile", *GC_CONTENDERS,
               "jit-warm", "jit-warm-noprefetch", "jit-warm-gated", "jit-warm-free",
               "jit-warm-rebuild", "jit-blocking", "compile-cold",

@@ -92,6 +92,8 @@ def ratios(rows: dict[str, dict[str, Any]], eager_rows: list[dict[str, Any]]) ->
                                                        base.get("due_during_p99_ms")),
         "gcpause_due_during_p99_over_eager": _ratio(rows["jit-cold-gcpause"].get("due_during_p99_ms"),
                                                     base.get("due_during_p99_ms")),
+        "gcyoung_due_during_p99_over_eager": _ratio(rows["jit-cold-gcyoung"].get("due_during_p99_ms"),
+                                                    base.get("due_during_p99_ms")),
         "eager_p50_ms": base.get("during_p50_ms"),
         "eager_p99_ms": 1e3 * eager_p99 if eager_p99 else None,
         "during_p99_over_eager_p99": _ratio(cold.get("during_p99_ms"), 1e3 * eager_p99 if eager_p99 else None),

@@ -161,6 +161,38 @@ def test_the_default_freezes_only_at_the_start(monkeypatch):
     del made_by_job
 
 
+def test_young_keeps_full_collections_for_the_end_and_reads_only_the_jobs_objects_then(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_GC", "young")
+    program = gc.get_threshold()
+    full: list[int] = []
+
+    def on_collection(phase, info):
+        if phase == "start" and info["generation"] == wc.OLDEST:
+            full.append(gc.get_freeze_count())
+
+    gc.callbacks.append(on_collection)
+    try:
+        with wc.courteous():
+            assert gc.get_threshold() == (*program[:wc.OLDEST], wc.NO_FULL_COLLECTIONS)
+            assert full == []
+        assert gc.get_threshold() == program
+        assert len(full) == 1 and full[0] > wc.FROZEN_AT_IMPORT  # (one, with the old heap still frozen)
+        assert gc.get_freeze_count() <= wc.FROZEN_AT_IMPORT
+    finally:
+        gc.callbacks.remove(on_collection)
+
+
+def test_young_keeps_thresholds_the_program_set_during_the_job(monkeypatch):
+    monkeypatch.setenv("AITUNE_WORKER_GC", "young")
+    program = gc.get_threshold()
+    try:
+        with wc.courteous():
+            gc.set_threshold(1000, 20, 20)  # the program's own, made while the job ran
+        assert gc.get_threshold() == (1000, 20, 20)
+    finally:
+        gc.set_threshold(*program)
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_process_forked_while_a_job_runs_gets_the_interval_and_the_heap_back(monkeypatch):
     monkeypatch.delenv("AITUNE_WORKER_GC", raising=False)
