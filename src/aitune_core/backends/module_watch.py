@@ -40,12 +40,12 @@ import logging
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.modules import module as torch_module
 
-from aitune_core.backends import module_epoch
+from aitune_core.backends import module_epoch, tensor_swaps
 from aitune_core.backends.inert_hooks import counted
 from aitune_core.forward_slot import SlotForward
 from aitune_core.log import get_logger
@@ -58,6 +58,7 @@ _logger = get_logger("dispatch")
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                       "_global_backward_pre_hooks")
+_snapshots: weakref.WeakSet[ModuleSnapshot] = weakref.WeakSet()  # (live snapshots: `forget_tensors`)
 
 
 def submodule_hooks(module: torch.nn.Module) -> int:
@@ -82,6 +83,21 @@ def _same_objects(refs: tuple[weakref.ref, ...], others: tuple[weakref.ref, ...]
     )
 
 
+def _dead() -> None:
+    return None
+
+
+_DEAD: Any = _dead  # (a reference whose tensor is gone: `_same_objects` reads it as changed)
+
+
+def forget_tensors(*tensors: torch.Tensor) -> None:
+    """Every snapshot lets go of these tensors, and compares as changed from now on (`tensor_swaps`: a tensor
+    swapped in place is another tensor behind the same object)."""
+    ids = {id(t) for t in tensors}
+    for snapshot in list(_snapshots):
+        snapshot._forget(ids)
+
+
 @dataclass(frozen=True, eq=False)
 class ModuleSnapshot:
     """The state of a module tree that tuned backends depend on. Modules and tensors are held by weak reference
@@ -101,9 +117,10 @@ class ModuleSnapshot:
 
     @classmethod
     def take(cls, module: torch.nn.Module) -> ModuleSnapshot:
+        tensor_swaps.install(forget_tensors)  # (its weak references must not stop `torch.utils.swap_tensors`)
         modules = tuple(module.modules())
         tensors = tuple([*module.parameters(), *module.buffers()])
-        return cls(
+        snapshot = cls(
             modules=tuple(weakref.ref(m) for m in modules),
             training=tuple(m.training for m in modules),
             tensors=tuple(weakref.ref(t) for t in tensors),
@@ -116,6 +133,13 @@ class ModuleSnapshot:
             tensor_types=tuple(type(t) for t in tensors),
             forwards=tuple(_instance_forward(m) for m in modules),
         )
+        _snapshots.add(snapshot)
+        return snapshot
+
+    def _forget(self, ids: set[int]) -> None:
+        """Replace the references to tensors of these ids by dead ones: the snapshot compares as changed."""
+        if any(id(ref()) in ids for ref in self.tensors):
+            object.__setattr__(self, "tensors", tuple(_DEAD if id(ref()) in ids else ref for ref in self.tensors))
 
     def live_tensors(self) -> tuple[torch.Tensor | None, ...]:
         return tuple(ref() for ref in self.tensors)
