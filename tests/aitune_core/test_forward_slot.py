@@ -171,3 +171,24 @@ def test_the_slot_shows_the_users_docstring_module_and_compares_equal_to_the_bou
     assert net.forward is not bound and net.forward == bound and hash(net.forward) == hash(bound)
     assert net.forward.__doc__ == "The user's own words." and net.forward.__module__ == Documented.__module__
     assert inspect.getdoc(net.forward) == "The user's own words."
+
+
+def test_a_raw_copy_of_the_dict_runs_its_own_attributes_and_class_not_the_original():
+    class Scaled(Net):
+        def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+            return super().forward(x, scale) * 0 + 7
+
+    net = Net()
+    routed = []
+    slot = ForwardSlot(net, lambda args, kwargs: routed.append(1) or slot.original(*args, **kwargs)).install()
+    x = torch.randn(2, 4)
+    clone = Net.__new__(Net)
+    clone.__dict__.update(net.__dict__)  # (hand-made clone: the slot's wrapper comes along)
+    clone.fc = torch.nn.Linear(4, 4)
+    torch.testing.assert_close(clone(x), Net.forward(clone, x))
+    assert "forward" not in clone.__dict__ and routed == []
+    recast = Scaled.__new__(Scaled)
+    recast.__dict__ = net.__dict__.copy()  # (re-classing by copying the state)
+    assert torch.equal(recast(x), torch.full((2, 4), 7.0))
+    net(x)
+    assert routed == [1] and ForwardSlot.of(net) is slot  # (the original keeps its slot)
