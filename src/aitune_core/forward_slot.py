@@ -11,10 +11,15 @@ subtle, and used to be done twice:
   only, so a pickle taken while aitune is on loads where aitune is not installed;
 - while dynamo traces the module (a user's `torch.compile` of a model aitune is recording), the original forward
   runs, never the routing; so it does while a `TorchDispatchMode` is active (`FakeTensorMode` in a shape or memory
-  estimator, `FlopCounterMode`) or a tensor argument is a dispatch subclass (a fake tensor, a `DTensor`): the
-  mode or subclass must see every operation, and a compiled kernel handed fake tensors crashed the process; and
-  so it does for a call with a tensor on the `meta` device (a shape check before `to_empty`): recorded, such calls
-  failed the tuning ("Tensor.item() cannot be called on meta tensors") and left the model eager for good;
+  estimator, `FlopCounterMode`) or a tensor argument is of a subclass (a fake tensor, a `DTensor`, a
+  `__torch_function__` or bare `as_subclass` type): the mode or subclass must see every operation, a compiled
+  kernel handed fake tensors crashed the process, and compiled code handed another subclass failed at run time
+  and left the graph eager for good; so it does for a call with a tensor on the `meta` device (a shape check
+  before `to_empty`: recorded, such calls failed the tuning, "Tensor.item() cannot be called on meta tensors") or
+  a sparse one (compiled code failed on it), under a forward-AD level (`torch.autograd.forward_ad.dual_level`:
+  compiled code failed on dual tensors), and under a `TorchFunctionMode` of the program's (it saw aitune's own
+  reads of the arguments' `device` and `dim`; the device context of `torch.device(...)` and
+  `torch.set_default_device` does not count);
 - removal must put back exactly what was there (an instance `forward` the user set, or nothing), and only if the
   slot is still ours;
 - a raw copy of the module's `__dict__` (`new.__dict__.update(old.__dict__)`, a replica made by assigning a copied
@@ -43,11 +48,15 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
+import torch.utils._device
 
 _MISSING: Any = object()
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
-_PLAIN_DISPATCH = torch.Tensor.__torch_dispatch__
+_function_modes = torch._C._len_torch_function_stack
+_DeviceContext = torch.utils._device.DeviceContext
+_STRIDED = torch.strided
 _TENSOR = torch.Tensor
 _PLAIN_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, type(None), bool, int, float, str, tuple, list, dict})
 _CALL_IMPL_CODE = torch.nn.Module._call_impl.__code__  # (the frame that calls `self.forward` for `Module.__call__`)
@@ -57,34 +66,46 @@ ChangeHandler = Callable[[str], "bool | None"]
 _logger = logging.getLogger("aitune")
 
 
-def _dispatch_subclass(value: Any) -> bool:
-    """Whether `value` is a tensor whose class intercepts torch's dispatch (FakeTensor, DTensor, ...)."""
+def _tensor_subclass(value: Any) -> bool:
+    """Whether `value` is a tensor of a class of its own (FakeTensor, DTensor, a `__torch_function__` subclass, a
+    bare `as_subclass` type): compiled code handed one failed at run time and left the graph eager for good."""
     cls = type(value)
-    if cls in _PLAIN_TYPES or not issubclass(cls, torch.Tensor):
+    return cls not in _PLAIN_TYPES and issubclass(cls, torch.Tensor)
+
+
+def _odd_tensor(value: Any) -> bool:
+    """A plain tensor that compiled code does not take: on the `meta` device, or sparse."""
+    return value.is_meta or value.layout is not _STRIDED
+
+
+def _user_function_mode() -> bool:
+    """A `TorchFunctionMode` of the program's is active (not the device context `torch.device(...)` and
+    `torch.set_default_device` push): it must see the forward's own calls, and none of aitune's."""
+    if not _function_modes():
         return False
-    return getattr(cls, "__torch_dispatch__", _PLAIN_DISPATCH) is not _PLAIN_DISPATCH
+    return any(type(mode) is not _DeviceContext for mode in torch.overrides._get_current_function_mode_stack())
 
 
 def must_run_original(args: tuple, kwargs: dict) -> bool:
-    """A call only the module's own forward may answer: dynamo traces it, a dispatch mode is active, or an
-    argument is a dispatch subclass or a meta tensor (see the module docstring). A type check per argument on the
-    common path."""
-    if _is_compiling() or _dispatch_modes():
+    """A call only the module's own forward may answer: dynamo traces it, a dispatch mode, a function mode of the
+    program's or a forward-AD level is active, or an argument is a tensor subclass, a meta or a sparse tensor (see
+    the module docstring). A type check per argument on the common path."""
+    if _is_compiling() or _dispatch_modes() or _forward_ad._current_level >= 0 or _user_function_mode():
         return True
     for value in args:
         cls = type(value)
         if cls is _TENSOR:
-            if value.is_meta:
+            if _odd_tensor(value):
                 return True
-        elif cls not in _PLAIN_TYPES and _dispatch_subclass(value):
+        elif cls not in _PLAIN_TYPES and _tensor_subclass(value):
             return True
     if kwargs:
         for value in kwargs.values():
             cls = type(value)
             if cls is _TENSOR:
-                if value.is_meta:
+                if _odd_tensor(value):
                     return True
-            elif cls not in _PLAIN_TYPES and _dispatch_subclass(value):
+            elif cls not in _PLAIN_TYPES and _tensor_subclass(value):
                 return True
     return False
 

@@ -192,3 +192,48 @@ def test_a_raw_copy_of_the_dict_runs_its_own_attributes_and_class_not_the_origin
     assert torch.equal(recast(x), torch.full((2, 4), 7.0))
     net(x)
     assert routed == [1] and ForwardSlot.of(net) is slot  # (the original keeps its slot)
+
+
+def test_subclass_sparse_forward_ad_and_function_mode_calls_run_the_original_forward():
+    """Compiled code failed at run time on a tensor subclass, a sparse tensor and a dual tensor (the graph then
+    stayed eager for good), and a program's TorchFunctionMode saw aitune's own reads of the arguments."""
+    import torch.autograd.forward_ad as fwad
+    from torch.overrides import TorchFunctionMode
+
+    class Tagged(torch.Tensor):
+        pass
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    class Seen(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    net = Net()
+    handled = []
+    ForwardSlot(net, lambda args, kwargs: handled.append(1) or "routed").install()
+    x = torch.randn(2, 4)
+    assert isinstance(net(x.as_subclass(Tagged)), torch.Tensor)
+    assert isinstance(net(x=x.as_subclass(Logged)), torch.Tensor)
+    with fwad.dual_level():
+        _, tangent = fwad.unpack_dual(net(fwad.make_dual(x, torch.ones(2, 4))))
+    assert tangent is not None
+    with Seen() as seen:
+        net(x)
+    assert seen.calls == ["linear", "mul"]  # (the forward's own calls only)
+    sparse = Net()
+    ForwardSlot(sparse, lambda args, kwargs: handled.append(1) or "routed").install()
+    sparse.fc = torch.nn.Identity()
+    assert sparse(x.to_sparse()).is_sparse
+    assert handled == []
+    with torch.device("cpu"):  # (the device context is not a program's mode: routed as usual)
+        assert net(x) == "routed"
+    assert handled == [1]
