@@ -53,5 +53,27 @@ def test_a_generator_that_yields_from_one_place_is_told_by_its_locals():
 def test_other_objects_and_unreadable_streams_have_no_state():
     closed = io.StringIO()
     closed.close()
-    for value in (object(), [1], itertools.cycle([1]), closed, sys.stderr):
+    for value in (object(), [1], closed, sys.stderr):
         assert object_state(value) is None
+
+
+def test_an_iterator_whose_state_cannot_be_read_always_reads_as_changed():
+    for value in (itertools.cycle([1]), itertools.islice(itertools.count(), 0, None), map(str, [1]), zip([1], [2])):
+        assert object_state(value) is not None and object_state(value) != object_state(value)
+
+
+def test_a_queue_and_a_generator_keeping_a_list_counter():
+    import queue
+
+    q: queue.Queue = queue.Queue()
+    assert _moved(q, lambda v: v.put(1))
+
+    def counting():
+        box = [0]
+        while True:
+            box[0] += 1
+            yield box[0]
+
+    gen = counting()
+    next(gen)
+    assert _moved(gen, next)

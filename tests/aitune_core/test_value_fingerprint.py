@@ -65,3 +65,29 @@ def test_entries_of_a_dict_each_by_one_level_and_keyed_by_simple_value_or_identi
     counts["calls"] += 1
     after = entries(counts)
     assert after["calls"] != before["calls"] and after[("object", id(key))] != before[("object", id(key))]
+
+
+def test_contents_see_a_counter_in_a_closure_and_in_a_slots_object():
+    def make_counter():
+        count = 0
+
+        def tick() -> int:
+            nonlocal count
+            count += 1
+            return count
+
+        return tick
+
+    class Stats:
+        __slots__ = ("n", "unset")
+
+        def __init__(self) -> None:
+            self.n = 0
+
+    tick, stats = make_counter(), Stats()
+    state = {"tick": tick, "stats": stats}
+    for write in (tick, lambda: setattr(stats, "n", stats.n + 1)):
+        before = contents_fingerprint(state)
+        write()
+        assert contents_fingerprint(state) != before, write
+    assert contents_fingerprint(state) == contents_fingerprint(state)  # (reading moves nothing)

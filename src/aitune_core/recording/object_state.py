@@ -14,19 +14,33 @@ it, or None for anything else (compared by identity, as before):
 - an `itertools.count`: its `repr`, which shows the next value;
 - the standard library's sequence iterators (list, tuple, range, str, bytes, dict views): what is left
   (`__length_hint__`);
-- a generator: whether it finished, where it stopped, and its simple local values.
+- a generator: whether it finished, where it stopped, and its local values (simple ones by value, containers by
+  identity and length - and a list's first simple items -, tensors by identity and version);
+- a `queue.Queue`: how many items it holds;
+- any other iterator of the standard library's (`itertools.cycle`, `islice`, `map`, `zip`, ...), whose state
+  cannot be read without moving it: a new token at every read, so it always reads as changed - a module that
+  keeps one is not replayed, moved or not (a helper's scripts: `cycle` and `islice` attributes gave other answers
+  after tuning).
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import queue
 import types
 from typing import Any
 
+import torch
+
 #: iterator types whose `__length_hint__` is what is left and reading it moves nothing
-_SEQUENCE_ITERATORS = tuple({type(iter(x)) for x in ([], (), range(1), "", b"", {}, {}.values(), {}.items())})
+_SEQUENCE_ITERATORS = tuple({type(iter(x)) for x in ([], (), range(1), "", b"", {}, {}.values(), {}.items(), set())}
+                            | {type(reversed([])), type(reversed(range(1)))})
 _SIMPLE_LOCALS = (type(None), bool, int, float, complex, str, bytes)
+_SIZED_LOCALS = (list, dict, set, bytearray)
+_HEAD = 8
+#: modules whose iterator types are read as always changed when not readable above
+_ITERATOR_MODULES = frozenset({"itertools", "builtins"})
 
 
 def object_state(value: Any) -> Any:
@@ -42,15 +56,34 @@ def object_state(value: Any) -> Any:
             return ("iterator", value.__length_hint__())
         if isinstance(value, types.GeneratorType):
             return _generator_state(value)
+        if isinstance(value, queue.Queue):
+            return ("queue", value.qsize())
+        if _unreadable_iterator(value):
+            return ("iterator", object())  # (compares unequal to every other read)
     except (ValueError, TypeError, AttributeError, BufferError):
         return None
     return None
+
+
+def _unreadable_iterator(value: Any) -> bool:
+    cls = type(value)
+    return cls.__module__ in _ITERATOR_MODULES and hasattr(cls, "__next__") and hasattr(cls, "__iter__")
 
 
 def _generator_state(generator: types.GeneratorType) -> tuple[Any, ...]:
     frame = generator.gi_frame
     if frame is None:
         return ("generator", "finished")
-    local_values = tuple(sorted((k, v) for k, v in frame.f_locals.items() if isinstance(v, _SIMPLE_LOCALS)
-                                and v == v))
+    local_values = tuple(sorted((k, _local(v)) for k, v in frame.f_locals.items()))
     return ("generator", frame.f_lasti, local_values)
+
+
+def _local(value: Any) -> Any:
+    if isinstance(value, _SIMPLE_LOCALS):
+        return ("value", value) if value == value else ("nan",)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), getattr(value, "_version", None))
+    if isinstance(value, _SIZED_LOCALS):  # (and the first items of a list: a counter kept as `k[0] += 1`)
+        head = tuple(v for v in value[:_HEAD] if isinstance(v, _SIMPLE_LOCALS)) if isinstance(value, list) else ()
+        return ("sized", id(value), len(value), head)
+    return ("object", id(value))

@@ -7,11 +7,13 @@ identity and version counter, which every in-place write moves.
 - `fingerprint(value)`: one level - simple values by value, tensors by identity and version, the given sized
   containers by identity and length, random-number generators by their state (`rng_state`), iterators and
   in-memory streams by what a call moves in them (`object_state`), anything else by identity.
-- `contents_fingerprint(value, depth)`: also looks `depth` levels into dicts, lists, tuples, deques and plain
+- `contents_fingerprint(value, depth)`: also looks `depth` levels into dicts, lists, tuples, deques, plain
   objects (instances with a `__dict__` that are not modules, classes, functions or the standard library's
-  machinery). Where state is kept one level down, the one-level fingerprint saw nothing: a step count in
-  `self.stats["steps"] += 1`, a cache list inside a dict attribute, `self.meter.n += 1` - a forward of that kind,
-  replayed by tuning, read 520 steps after 10 calls (a reviewer's script on this project's CPU, 2026-11-26).
+  machinery), objects of classes with `__slots__`, and the cells of a function's closure. Where state is kept
+  one level down, the one-level fingerprint saw nothing: a step count in `self.stats["steps"] += 1`, a cache list
+  inside a dict attribute, `self.meter.n += 1` - a forward of that kind, replayed by tuning, read 520 steps after
+  10 calls (a reviewer's script on this project's CPU, 2026-11-26); so did a counter in a closure or a `__slots__`
+  object (a helper's scripts, 2026-11-27).
   Long containers are read at both ends only (`ITEMS`), an object seen twice is read once (a transformers
   `config` shared by every layer).
 - `entries(value)`: a dict's entries, each by `fingerprint` - for globals, where a dict that gains keys is a cache
@@ -118,7 +120,37 @@ def _contents(value: Any, depth: int, memo: dict[int, Any]) -> Any:
         state = vars(value)
         items = _ends(state.items(), len(state), reversed(state.items()))
         return ("plain", id(value), tuple((k, contents_fingerprint(v, inner, memo)) for k, v in items))
+    if isinstance(value, types.FunctionType) and value.__closure__:  # (a counter kept in a closure's cell)
+        return ("closure", id(value), tuple(_cell(cell, inner, memo) for cell in value.__closure__))
+    names = _slot_names(type(value))
+    if names:  # (an object of a class with `__slots__` keeps its state there, without a `__dict__`)
+        return ("slots", id(value), tuple((n, contents_fingerprint(getattr(value, n, _UNSET), inner, memo))
+                                           for n in names))
     return fingerprint(value)
+
+
+_UNSET = ("unset",)
+
+
+def _cell(cell: Any, depth: int, memo: dict[int, Any]) -> Any:
+    try:
+        return contents_fingerprint(cell.cell_contents, depth, memo)
+    except ValueError:  # (an empty cell)
+        return ("empty",)
+
+
+@functools.lru_cache(maxsize=256)
+def _slot_names(cls: type) -> tuple[str, ...]:
+    """The `__slots__` names of a class outside torch's and the standard library's machinery (empty otherwise)."""
+    if str(cls.__module__).partition(".")[0] in _MACHINERY or cls.__module__ == "builtins":
+        return ()
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and name not in names:
+                names.append(name)
+    return tuple(names[:ITEMS])
 
 
 def entries(value: dict[Any, Any], sized: tuple[type, ...] = SIZED) -> dict[Any, Any]:
