@@ -327,9 +327,9 @@ def _tune_graph(
         with held_warnings(_strategy_logger) as held:  # (a candidate's failure may be the stale samples', below)
             try:
                 report = strategy.run(job)
-            except Exception as exc:
+            except Exception as exc:  # (no candidate won: the summary's line for the node says why, once)
                 stale = _validation_failed(exc) and recorded_calls_stale(job)
-                held.demote(None if stale else _graph_break_failure)
+                held.demote()
                 raise
             held.demote(_graph_break_failure)
     except Exception as exc:
