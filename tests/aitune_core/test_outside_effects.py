@@ -20,6 +20,15 @@ SEEN: list[int] = []
 CACHE: dict[int, torch.Tensor] = {}
 TOTAL = torch.zeros(())
 COUNTS: dict[str, object] = {"calls": 0, "seen": []}
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.maps: list[torch.Tensor] = []
+        self.cache: dict[int, torch.Tensor] = {}
+
+
+STORE = _Recorder()  # (an attention-map store: a global object whose list a forward appends to)
 _logger = logging.getLogger("tests.outside_effects")
 
 
@@ -54,6 +63,10 @@ class _Net(nn.Module):
             COUNTS["calls"] += 1
         elif effect == "dict-list":
             COUNTS["seen"].append(x.shape[0])
+        elif effect == "store":
+            STORE.maps.append(x.detach())
+        elif effect == "store-cache":
+            STORE.cache.setdefault(x.shape[0], x.detach())
         return self.fc(x)
 
 
@@ -88,6 +101,7 @@ def _change(module: nn.Module, x: torch.Tensor | None = None) -> str | None:
     ("counter", "`CALLS` of module "), ("append", "`SEEN`"), ("tensor", "`TOTAL`"),
     ("class", "`calls` of class _Net"), ("print", "prints or logs"), ("stderr", "prints or logs"),
     ("log", "prints or logs"), ("dict-counter", "`COUNTS['calls']` of module "), ("dict-list", "`COUNTS['seen']`"),
+    ("store", "`STORE['maps']`"),
 ])
 def test_each_effect_outside_the_module_is_named(effect, words, capsys):
     change = _change(_Net(effect))
@@ -97,6 +111,10 @@ def test_each_effect_outside_the_module_is_named(effect, words, capsys):
 
 def test_a_forward_behind_a_decorator_is_followed_to_the_globals_of_its_own_file():
     assert "`CALLS`" in (_change(_Decorated("counter")) or "")
+
+
+def test_a_cache_kept_in_a_global_objects_dict_attribute_is_no_change():
+    assert _change(_Net("store-cache")) is None
 
 
 def test_a_pure_call_a_cache_filled_by_shape_and_a_disabled_log_level_are_no_change(caplog):

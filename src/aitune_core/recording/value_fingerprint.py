@@ -17,7 +17,8 @@ identity and version counter, which every in-place write moves.
   Long containers are read at both ends only (`ITEMS`), an object seen twice is read once (a transformers
   `config` shared by every layer).
 - `entries(value)`: a dict's entries, each by `fingerprint` - for globals, where a dict that gains keys is a cache
-  and one whose existing entries change is a counter.
+  and one whose existing entries change is a counter; `attributes(value)`: a plain object's attributes, the same
+  way (a global recorder object whose list a forward appends to).
 """
 
 from __future__ import annotations
@@ -151,6 +152,19 @@ def _slot_names(cls: type) -> tuple[str, ...]:
             if name not in ("__dict__", "__weakref__") and name not in names:
                 names.append(name)
     return tuple(names[:ITEMS])
+
+
+def attributes(value: Any, sized: tuple[type, ...] = SIZED) -> dict[str, Any]:
+    """A plain object's attributes (read at both ends when many), each by `fingerprint`; empty for anything that is
+    not a plain object (`_plain`)."""
+    if not _plain(value) or rng_state(value) is not None:
+        return {}
+    state = vars(value)
+    try:
+        items = _ends(state.items(), len(state), reversed(state.items()))
+    except RuntimeError:  # (changed by another thread while read)
+        return {}
+    return {str(k): fingerprint(v, sized) for k, v in items}
 
 
 def entries(value: dict[Any, Any], sized: tuple[type, ...] = SIZED) -> dict[Any, Any]:
