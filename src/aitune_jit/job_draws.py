@@ -27,16 +27,14 @@ needs a module never imports it.
 
 from __future__ import annotations
 
-import sys
 import threading
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import wrapt
 
-from aitune_core.patch import Patch
+from aitune_core.import_patches import ImportPatches
 from aitune_jit import job_rng
 
 #: torch's modules that draw random numbers while a compile runs (the module docstring says where)
@@ -49,9 +47,6 @@ _TAKING_A_GENERATOR = ("rand", "randn", "randint", "randperm", "normal", "bernou
 _LIKE = {"rand_like": "uniform_", "randn_like": "normal_"}
 
 _lock = threading.Lock()
-_patches: dict[str, Patch] = {}
-_hooked: set[str] = set()  # modules with a post-import hook (wrapt keeps it for the process)
-_active = False  # between `install` and `uninstall`: a module imported meanwhile is patched
 _generators: dict[str, torch.Generator] = {}
 JOB_SEED = 0
 
@@ -135,41 +130,29 @@ class TorchForJobs(types.ModuleType):
 _proxy: TorchForJobs | None = None
 
 
+def _replacements(module: types.ModuleType) -> dict[str, Any]:
+    """The proxy for `module`'s `torch`, unless its `torch` is not torch's (another tool's, or none)."""
+    return {"torch": _proxy} if getattr(module, "torch", None) is torch else {}
+
+
+_patches = ImportPatches(lambda: DRAWING_MODULES, _replacements)
+
+
 def install() -> None:
     """Bind `torch` to `TorchForJobs` in each drawing module, now where it is imported, else when it is
     (idempotent; imports nothing: module docstring)."""
-    global _proxy, _active
+    global _proxy
     with _lock:
         if _proxy is None:
             _proxy = TorchForJobs()
-        _active = True
-        new = [name for name in DRAWING_MODULES if name not in _hooked]
-        _hooked.update(new)
-    for name in new:
-        wrapt.register_post_import_hook(_patch, name)  # (called at once for a module already imported)
-    for name in DRAWING_MODULES:
-        module = sys.modules.get(name)
-        if module is not None:
-            _patch(module)
-
-
-def _patch(module: types.ModuleType) -> None:
-    """Put the proxy in `module` while installed, unless its `torch` is not torch's (another tool's, or none)."""
-    with _lock:
-        name = module.__name__
-        if _active and name not in _patches and getattr(module, "torch", None) is torch:
-            _patches[name] = Patch(module, "torch", _proxy).apply()
+    _patches.install()
 
 
 def uninstall() -> None:
     """Put torch back in every drawing module (each only if nobody replaced it since: `Patch.restore`)."""
-    global _active
-    with _lock:
-        _active = False
-        while _patches:
-            _patches.popitem()[1].restore()
+    _patches.uninstall()
 
 
 def installed() -> list[str]:
     """The modules whose `torch` is the proxy now."""
-    return sorted(_patches)
+    return [module for module, _attribute in _patches.patched()]

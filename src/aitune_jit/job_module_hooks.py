@@ -21,16 +21,13 @@ from __future__ import annotations
 
 import collections
 import functools
-import sys
-import threading
 import types
 from collections.abc import Callable
 from typing import Any
 
-import wrapt
 from torch.utils.hooks import RemovableHandle
 
-from aitune_core.patch import Patch
+from aitune_core.import_patches import ImportPatches
 from aitune_jit import job_rng
 
 #: torch's modules whose trackers register global module hooks (each imports the registering functions by name)
@@ -38,10 +35,6 @@ TRACKING_MODULES = ("torch.utils.module_tracker", "torch.distributed._tools.mod_
 #: the registering functions replaced in them
 REGISTERING = ("register_module_forward_pre_hook", "register_module_forward_hook")
 
-_lock = threading.Lock()
-_patches: dict[tuple[str, str], Patch] = {}
-_hooked: set[str] = set()  # modules with a post-import hook (wrapt keeps it for the process)
-_active = False
 skipped = [0]  # (registrations left out on job threads: for tests and probes)
 
 
@@ -57,44 +50,27 @@ def _on_other_threads_only(register: Callable[..., Any]) -> Callable[..., Any]:
     return register_unless_job
 
 
+def _replacements(module: types.ModuleType) -> dict[str, Any]:
+    """The registering functions of `module` that are still torch's, each by its job-aware version."""
+    found = {attribute: getattr(module, attribute, None) for attribute in REGISTERING}
+    return {attribute: _on_other_threads_only(original) for attribute, original in found.items()
+            if original is not None and getattr(original, "__module__", "") == "torch.nn.modules.module"}
+
+
+_patches = ImportPatches(lambda: TRACKING_MODULES, _replacements)
+
+
 def install() -> None:
     """Replace the registering functions in each tracking module, now where it is imported, else when it is
     (idempotent; imports nothing)."""
-    global _active
-    with _lock:
-        _active = True
-        new = [name for name in TRACKING_MODULES if name not in _hooked]
-        _hooked.update(new)
-    for name in new:
-        wrapt.register_post_import_hook(_patch, name)  # (called at once for a module already imported)
-    for name in TRACKING_MODULES:
-        module = sys.modules.get(name)
-        if module is not None:
-            _patch(module)
-
-
-def _patch(module: types.ModuleType) -> None:
-    """Patch `module` while installed; a function someone else replaced already is left as it is."""
-    with _lock:
-        if not _active:
-            return
-        for attribute in REGISTERING:
-            key = (module.__name__, attribute)
-            original = getattr(module, attribute, None)
-            if key in _patches or original is None or getattr(original, "__module__", "") != "torch.nn.modules.module":
-                continue
-            _patches[key] = Patch(module, attribute, _on_other_threads_only(original)).apply()
+    _patches.install()
 
 
 def uninstall() -> None:
     """Put torch's functions back (each only if nobody replaced it since: `Patch.restore`)."""
-    global _active
-    with _lock:
-        _active = False
-        while _patches:
-            _patches.popitem()[1].restore()
+    _patches.uninstall()
 
 
 def installed() -> list[str]:
     """`module.function` names patched now."""
-    return sorted(f"{module}.{attribute}" for module, attribute in _patches)
+    return [f"{module}.{attribute}" for module, attribute in _patches.patched()]

@@ -4,6 +4,7 @@ managers of its own instead of torch 2.11's bare `AssertionError`, checked on a 
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 import types
 
@@ -49,11 +50,13 @@ def _in_thread(fn):
 
 
 @pytest.fixture
-def old_trees():
-    """The 2.11-like module, run on a thread of its own (its state is that thread's, not this one's)."""
+def old_trees(monkeypatch):
+    """The 2.11-like module, run on a thread of its own (its state is that thread's, not this one's), standing
+    where torch's module is while the test runs."""
     cudagraph_threads.uninstall()  # (a test elsewhere may have patched torch's own module)
     module = types.ModuleType("aitune_test_trees")
     _in_thread(lambda: exec(TORCH_2_11, module.__dict__))
+    monkeypatch.setitem(sys.modules, cudagraph_threads.MODULE, module)
     yield module
     cudagraph_threads.uninstall()
 
@@ -63,7 +66,7 @@ def test_without_the_patch_another_thread_fails_as_on_torch_2_11(old_trees):
 
 
 def test_with_the_patch_each_thread_gets_tree_managers_of_its_own(old_trees):
-    cudagraph_threads._patch_module(old_trees)
+    cudagraph_threads.install()
     assert cudagraph_threads.installed()
     first, second = _in_thread(lambda: old_trees.get_container(0)), _in_thread(lambda: old_trees.get_container(0))
     assert "error" not in first and "error" not in second
@@ -73,7 +76,7 @@ def test_with_the_patch_each_thread_gets_tree_managers_of_its_own(old_trees):
 
 
 def test_other_attributes_are_left_to_the_module(old_trees):
-    cudagraph_threads._patch_module(old_trees)
+    cudagraph_threads.install()
     assert "error" in _in_thread(lambda: old_trees.get_obj(old_trees.local, "something_else"))
 
 

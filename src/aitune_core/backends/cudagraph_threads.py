@@ -19,24 +19,19 @@ from __future__ import annotations
 
 import collections
 import functools
-import sys
 import threading
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import wrapt
 
-from aitune_core.patch import Patch
+from aitune_core.import_patches import ImportPatches
 
 MODULE = "torch._inductor.cudagraph_trees"
 #: the thread-local attributes the module's `get_obj` reads (tree managers and their locks, per device)
 ATTRIBUTES = ("tree_manager_containers", "tree_manager_locks")
 
-_lock = threading.Lock()
-_hooked = False
-_patch: Patch | None = None
 
 
 def _set_up_thread(module: types.ModuleType, local: threading.local) -> None:
@@ -63,36 +58,28 @@ def _any_thread(module: types.ModuleType, original: Callable[..., Any]) -> Calla
     return get_obj
 
 
-def _patch_module(module: types.ModuleType) -> None:
-    global _patch
-    with _lock:
-        original = getattr(module, "get_obj", None)
-        if _patch is not None or original is None or getattr(original, "aitune_any_thread", False):
-            return
-        if not hasattr(module, "local") or not hasattr(torch._C, "_is_key_in_tls"):
-            return  # (a torch whose trees keep their state otherwise: nothing to set up)
-        _patch = Patch(module, "get_obj", _any_thread(module, original)).apply()
+def _replacements(module: types.ModuleType) -> dict[str, Any]:
+    """`get_obj` by its any-thread version, where the module keeps thread-local tree managers the old way."""
+    original = getattr(module, "get_obj", None)
+    if original is None or getattr(original, "aitune_any_thread", False):
+        return {}
+    if not hasattr(module, "local") or not hasattr(torch._C, "_is_key_in_tls"):
+        return {}  # (a torch whose trees keep their state otherwise: nothing to set up)
+    return {"get_obj": _any_thread(module, original)}
+
+
+_patches = ImportPatches(lambda: (MODULE,), _replacements)
 
 
 def install() -> None:
     """Patch the module now if it is imported, else when it is (idempotent; imports nothing)."""
-    global _hooked
-    with _lock:
-        first, _hooked = not _hooked, True
-    if first:
-        wrapt.register_post_import_hook(_patch_module, MODULE)  # (called at once for a module already imported)
-    elif MODULE in sys.modules:
-        _patch_module(sys.modules[MODULE])
+    _patches.install()
 
 
 def installed() -> bool:
-    return _patch is not None
+    return bool(_patches.patched())
 
 
 def uninstall() -> None:
     """Put the module's own `get_obj` back (for tests; threads set up meanwhile keep their tree managers)."""
-    global _patch
-    with _lock:
-        if _patch is not None:
-            _patch.restore()
-            _patch = None
+    _patches.uninstall()
