@@ -25,8 +25,7 @@ CUDA graphs
     throughput). `torch.compiler.cudagraph_mark_step_begin()` is never called: the first call of it in a process
     switches every CUDA-graph function - the user's own too - to counting generations by mark steps only, and a
     user's function then re-records instead of replaying. A module whose calls change their arguments (a KV cache,
-    `Sample.mutates_inputs`) is refused: what it writes into them would be a replay buffer. Any thread may compile
-    with CUDA graphs (`cudagraph_threads`: a job's, the serving one's recompiles).
+    `Sample.mutates_inputs`) is refused: what it writes into them would be a replay buffer.
 
 One compiled entry per backend
     The module is compiled through `isolated_entry(module)`, a code object of its own (dynamo keeps entries per code
@@ -55,7 +54,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from aitune_core.backends import cudagraph_threads
 from aitune_core.backends.backend import Backend, BackendConfig
 from aitune_core.backends.batch_probes import batch_probes
 from aitune_core.backends.compile_regions import CompileRegions, compiles_whole
@@ -232,8 +230,6 @@ class TorchInductorBackend(Backend):
 
     def _compile(self) -> Any:
         cfg = self.config
-        if cfg.wants_cudagraphs:
-            cudagraph_threads.install()
         if self._entry is None:
             assert self._module is not None
             self._entry = isolated_entry(self._module, f"aitune_inductor_{type(self._module).__name__}")
