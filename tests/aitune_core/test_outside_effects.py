@@ -223,3 +223,34 @@ def test_reading_a_file_is_no_change_and_a_parents_write_is_not_its_childs(tmp_p
 
     assert "writes outside the process" in _watched(_Parent(), torch.ones(2))
     assert child_changes == [None]
+
+
+def test_a_global_of_the_programs_own_helper_module_is_watched_and_a_librarys_is_not(tmp_path, monkeypatch):
+    import importlib
+    import textwrap
+
+    (tmp_path / "aitune_test_helpers.py").write_text("CALLS = []\n\ndef record(x):\n    CALLS.append(x.shape[0])\n")
+    (tmp_path / "aitune_test_model.py").write_text(textwrap.dedent("""
+        import torch
+        import aitune_test_helpers
+        from aitune_test_helpers import record
+
+        class ByModule(torch.nn.Module):
+            def forward(self, x):
+                aitune_test_helpers.record(x)
+                return x * 2
+
+        class ByFunction(torch.nn.Module):
+            def forward(self, x):
+                record(x)
+                return torch.nn.functional.relu(x)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        model = importlib.import_module("aitune_test_model")
+        for cls in (model.ByModule, model.ByFunction):
+            change = _change(cls())
+            assert change is not None and "`CALLS` of module aitune_test_helpers" in change, change
+    finally:
+        sys.modules.pop("aitune_test_model", None)
+        sys.modules.pop("aitune_test_helpers", None)

@@ -15,7 +15,10 @@ What is fingerprinted before the call and compared after it:
   and deques by identity and length (a log of calls), anything else by identity (a rebinding). Dictionaries count by
   identity and by the entries they had before the call, each the same way (`COUNTS["calls"] += 1`, a list kept under
   a key); an entry added is no change: a forward that fills a cache keyed by shape (a mask per length) is common,
-  and replaying it fills nothing new. Sets count by identity only. A plain object's attributes count the same way
+  and replaying it fills nothing new. Sets count by identity only. The globals of the program's own modules that
+  such a file imports count the same way (a forward calling `helpers.record(x)`: 26 records after 20 calls in a
+  helper's script; modules under the interpreter's library and site-packages are left out). A plain object's
+  attributes count the same way
   (a global recorder whose list a forward appends to: 26 entries after 20 calls in a helper's script, and in the
   background its compiled calls rewrote the list, which held 52 of 300). Dunder names (`__warningregistry__`,
   which `warnings.warn` fills) are left out;
@@ -41,8 +44,11 @@ import collections
 import functools
 import logging
 import os
+import site
 import sys
+import sysconfig
 import threading
+import types
 from typing import Any
 
 import torch
@@ -52,6 +58,7 @@ from aitune_core.recording.module_effects import first_difference
 from aitune_core.recording.value_fingerprint import attributes, entries, fingerprint
 
 _LOGS = (list, bytearray, collections.deque)
+_OURS = frozenset({"aitune", "aitune_core", "aitune_jit", "aitune_aot"})  # (aitune's own state: not the program's)
 
 
 def _namespaces(module: torch.nn.Module) -> dict[str, Any]:
@@ -65,7 +72,47 @@ def _namespaces(module: torch.nn.Module) -> dict[str, Any]:
             for function in _unwrapped(klass.__dict__.get("forward")):
                 namespace = function.__globals__
                 spaces.setdefault(f"module {namespace.get('__name__', '?')}", namespace)
+    for label, namespace in list(spaces.items()):
+        if label.startswith("module "):
+            for helper in _program_helpers(namespace):
+                spaces.setdefault(f"module {helper.get('__name__', '?')}", helper)
     return spaces
+
+
+def _program_helpers(namespace: dict[str, Any]) -> list[dict[str, Any]]:
+    """The globals of the program's own modules that a forward's file imports (a module, or a function taken from
+    one): a forward that calls `helpers.record(x)` changes `helpers`' globals. The program's own: a module whose
+    file is outside the interpreter's library and site-packages (torch, transformers and the standard library
+    are left out: their globals are not the program's state, and reading them every recorded call would cost)."""
+    found: dict[int, dict[str, Any]] = {}
+    for value in list(namespace.values()):
+        if isinstance(value, types.ModuleType):
+            helper = vars(value)
+        elif isinstance(value, types.FunctionType):
+            helper = value.__globals__
+        else:
+            continue
+        package = str(helper.get("__name__", "")).partition(".")[0]
+        if (helper is not namespace and id(helper) not in found and package not in _OURS
+                and _programs_own(helper.get("__file__"))):
+            found[id(helper)] = helper
+    return list(found.values())
+
+
+@functools.lru_cache(maxsize=1024)
+def _programs_own(path: str | None) -> bool:
+    if not path:
+        return False
+    resolved = os.path.realpath(path)
+    return not any(resolved.startswith(root) for root in _library_roots())
+
+
+@functools.lru_cache(maxsize=1)
+def _library_roots() -> tuple[str, ...]:
+    roots = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
+    roots.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else "")
+    return tuple(os.path.realpath(root) + os.sep for root in roots if root)
 
 
 def _unwrapped(forward: Any) -> list[Any]:
