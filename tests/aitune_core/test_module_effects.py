@@ -27,6 +27,7 @@ class _Net(nn.Module):
         self.scale = 2.0
         self.stats = {"steps": torch.zeros(()), "count": 0, "kv": []}
         self.meter = types.SimpleNamespace(n=0, total=torch.zeros(()))
+        self.deep = types.SimpleNamespace(inner=types.SimpleNamespace(calls={"n": 0}))  # (three levels down)
         self.config = types.SimpleNamespace(width=4, labels={0: "a"})  # read, never written
         self.logger = logging.getLogger("tests.module_effects")  # a level cache that fills is not the forward's
         self.generator = torch.Generator().manual_seed(1)  # the program's own streams: read, unless drawn from
@@ -69,6 +70,8 @@ class _Net(nn.Module):
             self.meter.n += 1
         elif effect == "namespace-tensor":
             self.meter.total.add_(x.sum())
+        elif effect == "deep-count":
+            self.deep.inner.calls["n"] += 1
         elif effect == "count":
             x = x * next(self.ticket)
         elif effect == "iterator":
@@ -122,6 +125,7 @@ def test_each_kind_of_effect_is_named():
         "namespace": "its attribute `meter`",
         "namespace-tensor": "its attribute `meter`",
         # objects that change behind the same identity (before, a counter read 19 after 10 calls)
+        "deep-count": "its attribute `deep`",
         "count": "its attribute `ticket`",
         "iterator": "its attribute `queue`",
         "text-log": "its attribute `text_log`",
