@@ -254,3 +254,39 @@ def test_a_global_of_the_programs_own_helper_module_is_watched_and_a_librarys_is
     finally:
         sys.modules.pop("aitune_test_model", None)
         sys.modules.pop("aitune_test_helpers", None)
+
+
+def test_the_file_of_an_object_a_module_keeps_is_watched(tmp_path, monkeypatch):
+    """An attention-processor-like object of the program's, handed to a module whose own file never imports its
+    file, appends to a store in that file."""
+    import importlib
+    import textwrap
+
+    (tmp_path / "aitune_test_store.py").write_text(textwrap.dedent("""
+        STORE = []
+
+        class Recording:
+            def __call__(self, x):
+                STORE.append(x.shape[0])
+                return x
+    """))
+    (tmp_path / "aitune_test_holder.py").write_text(textwrap.dedent("""
+        import torch
+
+        class Holder(torch.nn.Module):
+            def __init__(self, processor):
+                super().__init__()
+                self.processor = processor
+
+            def forward(self, x):
+                return self.processor(x) * 2
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        store = importlib.import_module("aitune_test_store")
+        holder = importlib.import_module("aitune_test_holder")
+        change = _change(holder.Holder(store.Recording()))
+        assert change is not None and "`STORE` of module aitune_test_store" in change, change
+    finally:
+        sys.modules.pop("aitune_test_store", None)
+        sys.modules.pop("aitune_test_holder", None)
