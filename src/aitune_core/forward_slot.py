@@ -23,9 +23,11 @@ subtle, and used to be done twice:
 - removal must put back exactly what was there (an instance `forward` the user set, or nothing), and only if the
   slot is still ours;
 - a raw copy of the module's `__dict__` (`new.__dict__.update(old.__dict__)`, a replica made by assigning a copied
-  `__dict__`) carries the wrapper: a call through torch's `_call_impl` whose `self` is not the slot's module
-  takes it out of the copy and runs the copy's own forward (`strip_foreign`; it cost 0.8 us a call on this CPU,
-  reading the caller's frame); before, every call of the copy ran the original module (a silent wrong answer);
+  `__dict__`) carries the wrapper: a call through torch's `_call_impl` whose `self` is not the slot's module but
+  shares its parameter table takes it out of the copy and runs the copy's own forward (`strip_foreign`; it cost
+  0.8 us a call on this CPU, reading the caller's frame); before, every call of the copy ran the original module
+  (a silent wrong answer). A module whose own `forward` was set to the watched one's (`w.forward = m.forward`)
+  keeps it and is routed as before;
 - a program that replaces the forward after the slot is installed - assigns a new function to the class's
   `forward` (a monkeypatch) or swaps the module's `__class__` - gets the new forward: the slot bound the old one,
   and an instance attribute would shadow the class's new one for good (a wrong answer). Each call compares the
@@ -134,8 +136,10 @@ class SlotForward:
         if must_run_original(args, kwargs):  # dynamo traces the module's own forward, never aitune's routing
             return slot.original(*args, **kwargs)
         caller = sys._getframe(1)
-        if caller.f_code is _CALL_IMPL_CODE and caller.f_locals.get("self") is not slot.module:
-            return _copy_call(caller.f_locals["self"], args, kwargs)  # (a raw `__dict__` copy: `strip_foreign`)
+        if caller.f_code is _CALL_IMPL_CODE:
+            called = caller.f_locals.get("self")
+            if called is not slot.module and _raw_copy(called, slot.module):
+                return _copy_call(called, args, kwargs)  # (`strip_foreign`)
         code = slot.code
         if code is not None:
             module = slot._module_ref()
@@ -268,6 +272,14 @@ class ForwardSlot:
         return forward._slot if isinstance(forward, SlotForward) else None
 
 
+def _raw_copy(module: Any, original: Any) -> bool:
+    """`module` shares the parameter table of `original`: its `__dict__` was copied from the original's (a module
+    whose own `forward` attribute was set to another module's - `wrapper.forward = inner.forward` - has its own)."""
+    state = getattr(module, "__dict__", None)
+    return (state is not None and original is not None
+            and state.get("_parameters") is original.__dict__.get("_parameters"))
+
+
 def _copy_call(module: Any, args: tuple, kwargs: dict) -> Any:
     """A call of a module that holds another module's wrapper: the wrapper comes out, and its own forward runs."""
     strip_foreign(module)
@@ -285,7 +297,7 @@ def strip_foreign(module: torch.nn.Module) -> bool:
         return False
     saved = wrapper._slot.saved
     if saved is _MISSING:
-        del module.__dict__["forward"]
+        module.__dict__.pop("forward", None)  # (another thread's call of the copy may have taken it already)
     else:
         module.__dict__["forward"] = saved
     return True

@@ -237,3 +237,19 @@ def test_subclass_sparse_forward_ad_and_function_mode_calls_run_the_original_for
     with torch.device("cpu"):  # (the device context is not a program's mode: routed as usual)
         assert net(x) == "routed"
     assert handled == [1]
+
+
+def test_a_module_whose_forward_was_set_to_a_watched_modules_forward_keeps_it():
+    """Delegation (`wrapper.forward = inner.forward`) is not a copy of the inner module's state."""
+
+    class Wrapper(torch.nn.Module):
+        pass
+
+    inner = Net()
+    routed = []
+    slot = ForwardSlot(inner, lambda args, kwargs: routed.append(1) or slot.original(*args, **kwargs)).install()
+    wrapper = Wrapper()
+    wrapper.forward = inner.forward
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(wrapper(x), Net.forward(inner, x))
+    assert "forward" in wrapper.__dict__ and routed == [1]
