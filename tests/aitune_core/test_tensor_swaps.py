@@ -55,3 +55,20 @@ def test_forget_replaces_only_the_named_tensors(installed):
     module_watch.forget_tensors(net.weight)
     live = snapshot.live_tensors()
     assert live[0] is None and live[1] is net.bias
+
+
+def test_a_memo_entry_is_dropped_from_its_dictionary_without_a_heap_scan(installed, monkeypatch):
+    """A fake-tensor converter's weak-identity memo of the weight (kept alive by a compiled graph) must not stop
+    the swap; the memo is found from its reference, and the collector is not run for it."""
+    import gc
+
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    net = torch.nn.Linear(4, 4)
+    ModuleSnapshot.take(net)
+    memo = WeakIdKeyDictionary()
+    memo[net.weight] = 1
+    monkeypatch.setattr(gc, "get_referrers", lambda *a: pytest.fail("no heap scan"))
+    monkeypatch.setattr(tensor_swaps, "_collection_due", lambda: pytest.fail("no collection needed"))
+    torch.utils.swap_tensors(net.weight, torch.nn.Parameter(torch.zeros(4, 4)))
+    assert len(memo) == 0 and torch.equal(net.weight, torch.zeros(4, 4))

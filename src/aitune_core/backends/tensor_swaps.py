@@ -11,9 +11,11 @@ with aitune on, `model.double()` under `torch.__future__.set_swap_module_params_
 How: while installed, `torch.utils.swap_tensors` first asks aitune's holders to let go of the two tensors (`forget`,
 given by `module_watch`: each snapshot holding one replaces its reference by a dead one, so it compares as
 changed - a swapped tensor is another tensor behind the same object, and the tuned module re-checks); if weak
-references remain, it collects garbage once and takes the tensors out of torch's weak-identity memos (a fake-tensor
-converter that a compiled graph keeps records the real tensors it described, keyed by weak reference), then
-swaps. Other weak references are left, and the swap raises as it would plainly.
+references remain, it takes the tensors out of torch's weak-identity memos (a fake-tensor converter that a
+compiled graph keeps records the real tensors it described, keyed by weak reference; found from the reference, not
+by a heap scan) and, at most once a second, collects garbage (a memo that is garbage already), then swaps. Other
+weak references are left, and the swap raises as it would plainly. A program's own `WeakIdKeyDictionary` keyed by a
+swapped tensor loses that entry (plainly the swap would have raised).
 """
 
 from __future__ import annotations
@@ -21,16 +23,15 @@ from __future__ import annotations
 import functools
 import gc
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.weak import WeakIdRef
+from torch.utils.weak import WeakIdKeyDictionary, WeakIdRef
 
 from aitune_core.patch import Patch
-
-_ABSENT = object()
 
 _lock = threading.Lock()
 _patch: Patch | None = None
@@ -43,10 +44,10 @@ def _letting_go(original: Callable[..., Any]) -> Callable[..., Any]:
         forget = _forget
         if forget is not None and (_has_weakrefs(t1) or _has_weakrefs(t2)):
             forget(t1, t2)
-            if _has_weakrefs(t1) or _has_weakrefs(t2):
-                gc.collect()  # (a compile's fake-tensor memo, garbage not collected yet, holds weak keys too)
             for tensor in (t1, t2):
                 _drop_memo_entries(tensor)
+            if (_has_weakrefs(t1) or _has_weakrefs(t2)) and _collection_due():
+                gc.collect()  # (a compile's fake-tensor memo that is garbage already: at most once a second)
         return original(t1, t2)
 
     return swap_tensors
@@ -55,13 +56,26 @@ def _letting_go(original: Callable[..., Any]) -> Callable[..., Any]:
 def _drop_memo_entries(tensor: Any) -> None:
     """Take `tensor` out of torch's weak-identity memos (`torch.utils.weak.WeakIdKeyDictionary`: a fake-tensor
     converter's record of the real tensors it described, kept alive by a compiled graph): an entry dropped is
-    described anew if that converter meets the tensor again."""
+    described anew if that converter meets the tensor again. The dictionary is found from the reference itself
+    (its removal callback keeps a weak reference to it), not by a scan of the heap."""
     for ref in weakref.getweakrefs(tensor) if _has_weakrefs(tensor) else ():
         if not isinstance(ref, WeakIdRef):
             continue
-        for holder in gc.get_referrers(ref):
-            if isinstance(holder, dict) and holder.get(ref, _ABSENT) is not _ABSENT:
-                holder.pop(ref, None)
+        defaults = getattr(ref.__callback__, "__defaults__", None) or ()
+        owner = defaults[0]() if defaults and isinstance(defaults[0], weakref.ref) else None
+        if isinstance(owner, WeakIdKeyDictionary):
+            owner.data.pop(ref, None)
+
+
+_last_collection = [0.0]
+
+
+def _collection_due() -> bool:
+    now = time.monotonic()
+    if now - _last_collection[0] < 1.0:
+        return False
+    _last_collection[0] = now
+    return True
 
 
 def _has_weakrefs(value: Any) -> bool:
