@@ -57,9 +57,10 @@ def test_other_objects_and_unreadable_streams_have_no_state():
         assert object_state(value) is None
 
 
-def test_an_iterator_whose_state_cannot_be_read_always_reads_as_changed():
+def test_an_iterator_whose_state_cannot_be_read_reads_as_changed_only_when_asked():
     for value in (itertools.cycle([1]), itertools.islice(itertools.count(), 0, None), map(str, [1]), zip([1], [2])):
-        assert object_state(value) is not None and object_state(value) != object_state(value)
+        assert object_state(value, unreadable=True) != object_state(value, unreadable=True)
+        assert object_state(value) is None  # (a global of the forward's file: compared by identity, as before)
 
 
 def test_a_queue_and_a_generator_keeping_a_list_counter():

@@ -29,6 +29,7 @@ class _Recorder:
 
 
 STORE = _Recorder()  # (an attention-map store: a global object whose list a forward appends to)
+PAIRS = zip(range(3), range(3))  # (a script's global iterator the forward never touches)
 _logger = logging.getLogger("tests.outside_effects")
 
 
@@ -115,6 +116,10 @@ def test_a_forward_behind_a_decorator_is_followed_to_the_globals_of_its_own_file
 
 def test_a_cache_kept_in_a_global_objects_dict_attribute_is_no_change():
     assert _change(_Net("store-cache")) is None
+
+
+def test_an_untouched_global_iterator_is_no_change():
+    assert PAIRS is not None and _change(_Net()) is None
 
 
 def test_a_pure_call_a_cache_filled_by_shape_and_a_disabled_log_level_are_no_change(caplog):

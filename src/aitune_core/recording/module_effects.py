@@ -55,7 +55,7 @@ def _module_state(module: torch.nn.Module) -> dict[tuple[str, str], Any]:
     for name, sub in module.named_modules(remove_duplicate=True):
         for key, value in vars(sub).items():
             if not _is_bookkeeping(key):
-                state[(name, key)] = contents_fingerprint(value, ATTRIBUTE_DEPTH, memo)
+                state[(name, key)] = contents_fingerprint(value, ATTRIBUTE_DEPTH, memo, unreadable=True)
         for table in ("_parameters", "_buffers"):
             for key, tensor in getattr(sub, table, {}).items():
                 state[(name, key)] = tensor_fingerprint(tensor) if tensor is not None else None

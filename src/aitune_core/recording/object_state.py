@@ -18,9 +18,9 @@ it, or None for anything else (compared by identity, as before):
   identity and length - and a list's first simple items -, tensors by identity and version);
 - a `queue.Queue`: how many items it holds;
 - any other iterator of the standard library's (`itertools.cycle`, `islice`, `map`, `zip`, ...), whose state
-  cannot be read without moving it: a new token at every read, so it always reads as changed - a module that
-  keeps one is not replayed, moved or not (a helper's scripts: `cycle` and `islice` attributes gave other answers
-  after tuning).
+  cannot be read without moving it, when asked (`unreadable`, for a module's attributes): a new token at every
+  read, so it always reads as changed - a module that keeps one is not replayed, moved or not (a helper's
+  scripts: `cycle` and `islice` attributes gave other answers after tuning).
 """
 
 from __future__ import annotations
@@ -43,8 +43,10 @@ _HEAD = 8
 _ITERATOR_MODULES = frozenset({"itertools", "builtins"})
 
 
-def object_state(value: Any) -> Any:
-    """The state of `value` as the module docstring says, or None where it has none that can be read."""
+def object_state(value: Any, unreadable: bool = False) -> Any:
+    """The state of `value` as the module docstring says, or None where it has none that can be read; with
+    `unreadable`, an iterator whose state cannot be read gets a new token at every read (a module's attribute; a
+    global `zip` beside a model in a script, untouched by its forward, would stop it from ever being tuned)."""
     try:
         if isinstance(value, io.BytesIO) and not value.closed:
             return ("bytes-stream", value.tell(), value.getbuffer().nbytes)
@@ -58,7 +60,7 @@ def object_state(value: Any) -> Any:
             return _generator_state(value)
         if isinstance(value, queue.Queue):
             return ("queue", value.qsize())
-        if _unreadable_iterator(value):
+        if unreadable and _unreadable_iterator(value):
             return ("iterator", object())  # (compares unequal to every other read)
     except (ValueError, TypeError, AttributeError, BufferError):
         return None

@@ -54,7 +54,7 @@ def tensor_fingerprint(value: torch.Tensor) -> tuple[Any, ...]:
         return ("tensor", id(value), None)
 
 
-def fingerprint(value: Any, sized: tuple[type, ...] = SIZED) -> Any:
+def fingerprint(value: Any, sized: tuple[type, ...] = SIZED, *, unreadable: bool = False) -> Any:
     """A value as compared before and after a call: tensors by identity and version, simple values by value (a
     NaN equal to itself), `sized` containers by identity and length, anything else by identity."""
     if isinstance(value, torch.Tensor):
@@ -66,7 +66,7 @@ def fingerprint(value: Any, sized: tuple[type, ...] = SIZED) -> Any:
     state = rng_state(value)  # (a generator the program keeps: by its state, which every draw moves)
     if state is not None:
         return ("generator", id(value), state)
-    state = object_state(value)  # (an iterator or an in-memory stream: by what a call moves in it)
+    state = object_state(value, unreadable)  # (an iterator or an in-memory stream: by what a call moves in it)
     if state is not None:
         return ("state", id(value), state)
     return ("object", id(value))
@@ -90,52 +90,56 @@ def _key(key: Any) -> Any:
     return key if isinstance(key, SIMPLE) else ("object", id(key))
 
 
-def contents_fingerprint(value: Any, depth: int = 2, memo: dict[int, Any] | None = None) -> Any:
+def contents_fingerprint(value: Any, depth: int = 2, memo: dict[int, Any] | None = None, *,
+                         unreadable: bool = False) -> Any:
     """`fingerprint`, looking `depth` levels into containers and plain objects (module docstring); `memo` (one per
     state taken) reads an object seen twice once, and stops at a container that holds itself."""
     if depth <= 0 or isinstance(value, (torch.Tensor, *SIMPLE)):
-        return fingerprint(value)
+        return fingerprint(value, unreadable=unreadable)
     memo = {} if memo is None else memo
     known = memo.get(id(value))
     if known is not None:
         return known
     memo[id(value)] = ("cycle", id(value))
     try:
-        result = _contents(value, depth, memo)
+        result = _contents(value, depth, memo, unreadable)
     except RuntimeError:  # (changed by another thread while read: its size and identity still tell)
-        result = fingerprint(value)
+        result = fingerprint(value, unreadable=unreadable)
     memo[id(value)] = result
     return result
 
 
-def _contents(value: Any, depth: int, memo: dict[int, Any]) -> Any:
+def _contents(value: Any, depth: int, memo: dict[int, Any], unreadable: bool) -> Any:
     inner = depth - 1
+
+    def down(item: Any) -> Any:
+        return contents_fingerprint(item, inner, memo, unreadable=unreadable)
+
     if isinstance(value, dict):
         items = _ends(value.items(), len(value), reversed(value.items()))
         return ("dict", id(value), len(value),
-                tuple((_key(k), contents_fingerprint(v, inner, memo)) for k, v in items))
+                tuple((_key(k), down(v)) for k, v in items))
     if isinstance(value, (list, tuple, collections.deque)):
         items = _ends(iter(value), len(value), reversed(value))
-        return ("sequence", id(value), len(value), tuple(contents_fingerprint(v, inner, memo) for v in items))
+        return ("sequence", id(value), len(value), tuple(down(v) for v in items))
     if _plain(value) and rng_state(value) is None:  # (a `random.Random` has a `__dict__` too: by its state)
         state = vars(value)
         items = _ends(state.items(), len(state), reversed(state.items()))
-        return ("plain", id(value), tuple((k, contents_fingerprint(v, inner, memo)) for k, v in items))
+        return ("plain", id(value), tuple((k, down(v)) for k, v in items))
     if isinstance(value, types.FunctionType) and value.__closure__:  # (a counter kept in a closure's cell)
-        return ("closure", id(value), tuple(_cell(cell, inner, memo) for cell in value.__closure__))
+        return ("closure", id(value), tuple(_cell(cell, down) for cell in value.__closure__))
     names = _slot_names(type(value))
     if names:  # (an object of a class with `__slots__` keeps its state there, without a `__dict__`)
-        return ("slots", id(value), tuple((n, contents_fingerprint(getattr(value, n, _UNSET), inner, memo))
-                                           for n in names))
-    return fingerprint(value)
+        return ("slots", id(value), tuple((n, down(getattr(value, n, _UNSET))) for n in names))
+    return fingerprint(value, unreadable=unreadable)
 
 
 _UNSET = ("unset",)
 
 
-def _cell(cell: Any, depth: int, memo: dict[int, Any]) -> Any:
+def _cell(cell: Any, down: Any) -> Any:
     try:
-        return contents_fingerprint(cell.cell_contents, depth, memo)
+        return down(cell.cell_contents)
     except ValueError:  # (an empty cell)
         return ("empty",)
 
