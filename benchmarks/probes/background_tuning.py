@@ -36,8 +36,10 @@ Workloads: `resnet50-mixed` and `bert-mixed` (batches 1 and 32, three small requ
 aitune; to tell when the JIT switched, it reads `PatchedModule`'s state when aitune is already loaded (the env
 var loaded it). Reported per run: p50 / p99 / max latency of the requests served while tuning ran (the root not
 tuned yet, or the worker busy with more graphs) and after, and p99 / max of the same requests counted from when
-each was due (`due_*`: the previous request's end plus its pause; the request's inputs are made before that,
-so the wait for the GIL on waking from the pause counts and the client's own work does not),
+each was due (`due_*`: the previous request's end plus its pause, or when its inputs were ready if making them
+took longer than the pause - a batch-32 image copy can -; the inputs are made before that, so the wait for the GIL
+on waking from the pause counts and the client's own work does not; before 2026-11-27 a request whose inputs
+outlasted its pause counted their making as lateness, in eager runs too),
 time-to-tuned (from the first request - for torch.compile, from the `torch.compile()` line before it, which
 imports Inductor - to the end of the first request answered by a tuned root), the same from the process's
 launch (`launch_to_tuned_s`: interpreter start, imports and model set-up included, so the JIT's imports at
@@ -188,6 +190,12 @@ class StallSampler:
                          "tuning": _stack(frames[tuning[0]]) if tuning and tuning[0] in frames else []})
 
 
+def request_due(scheduled: float, inputs_ready: float) -> float:
+    """When a request is due: its scheduled time (the previous one's end plus the pause), or when its inputs were
+    ready if making them took longer than the pause - the client's own work is not the server's latency."""
+    return max(scheduled, inputs_ready)
+
+
 def serve(options: argparse.Namespace) -> int:
     from benchmarks.suite import models
 
@@ -217,7 +225,8 @@ def serve(options: argparse.Namespace) -> int:
         for index in range(options.requests):
             batch, seq = _shape(options.schedule, index, rng, longest)
             kwargs = {k: v.to(device) for k, v in _inputs(options.model, module, batch, seq, index % 8).items()}
-            if due is not None:  # (the inputs are made first: the client's work is not the server's latency)
+            if due is not None:
+                due = request_due(due, time.perf_counter())
                 time.sleep(max(0.0, due - time.perf_counter()))
             begin = time.perf_counter()
             late = max(0.0, begin - due) if due is not None else 0.0

@@ -95,3 +95,8 @@ def test_a_failed_cudagraph_pool_check_is_kept_whole_and_still_raised(monkeypatc
     with pytest.raises(RuntimeError, match="not tracked"):
         trees.check_memory_pool(0, (0, 0), [])
     assert len(failures) == 1 and "history: ..." in failures[0] and "RuntimeError" in failures[0]
+
+
+def test_a_request_is_due_when_its_inputs_are_ready_if_they_outlast_the_pause():
+    assert bench.request_due(10.0, 9.5) == 10.0  # inputs ready within the pause: due as scheduled
+    assert bench.request_due(10.0, 10.25) == 10.25  # inputs made after the pause ended: their time is not lateness
