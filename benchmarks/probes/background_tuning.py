@@ -75,6 +75,7 @@ import torch
 
 from benchmarks import common
 from benchmarks.probes.background_tuning_report import print_table, ratios, summarize
+from benchmarks.probes.job_profile import JobProfile
 
 #: when this module was imported (after torch): a served process's set-up before its first request is measured
 #: from here (`setup_s`: the model built and moved to its device, what a compiler prefetch overlaps)
@@ -217,6 +218,7 @@ def serve(options: argparse.Namespace) -> int:
 
     longest = getattr(getattr(module, "config", None), "max_position_embeddings", 128)
     sampler = StallSampler(options.stall_ms / 1000)
+    profile = JobProfile(options.job_profile_ms / 1000, _job_phase).start() if options.job_profile_ms > 0 else None
     rng = torch.Generator().manual_seed(7)
     rows = []
     steady_from = None  # the first request after the root is tuned and the worker has nothing left to do
@@ -266,6 +268,7 @@ def serve(options: argparse.Namespace) -> int:
                    for i in slowest if i < len(rows)],
         "long_collections": sorted(sampler.collections, key=lambda c: -c["ms"])[:10],
         "cudagraph_pool_failures": pool_failures,
+        "job_profile": profile.summary() if profile is not None and profile.samples else None,
     }))
     return 0
 
@@ -333,7 +336,7 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
     command = [sys.executable, "-m", "benchmarks.probes.background_tuning", "--serve", "--model", model,
                "--schedule", schedule, "--device", args.device, "--requests", str(requests), "--after",
                str(args.after), "--interval-ms", str(args.interval_ms), "--stall-ms", str(args.stall_ms),
-               "--out", str(out), "--check-out", str(check)]
+               "--job-profile-ms", str(args.job_profile_ms), "--out", str(out), "--check-out", str(check)]
     if getattr(args, "cudagraph_history", False) and contender.startswith("jit"):
         command.append("--cudagraph-history")
     if contender.startswith("compile"):
@@ -417,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="AITUNE_WORKER_PACKAGE of the JIT contenders: warm starts from packages (on = dynamo: "
                         "precompiled functions; aoti: AOTInductor packages)")
     p.add_argument("--stall-ms", type=float, default=50.0, help="sample stacks of requests slower than this")
+    p.add_argument("--job-profile-ms", type=float, default=10.0,
+                   help="sample aitune's job threads this often for a flat profile of the job (0: off)")
     p.add_argument("--timeout-s", type=float, default=1800.0)
     p.add_argument("--cudagraph-history", action="store_true",
                    help="JIT contenders record CUDA-graph pool allocation histories and keep failed pool checks "

@@ -70,7 +70,7 @@ def summarize(data: dict[str, Any], eager: dict[str, Any] | None) -> dict[str, A
         summary["launch_to_tuned_s"] = data["launch_to_start_s"] + summary["time_to_tuned_s"]
     for key in ("compile_call_s", "setup_s", "launch_to_start_s", "frozen_at_start", "stalls", "long_collections",
                 "stderr_lines", "exit_status", "stderr_tail", "backends", "summary", "history",
-                "cudagraph_pool_failures"):
+                "cudagraph_pool_failures", "job_profile"):
         if key in data:
             summary[key] = data[key]
     if eager is not None and "checks" in eager:
@@ -181,4 +181,13 @@ def print_table(name: str, rows: dict[str, dict[str, Any]], ratio: dict[str, flo
                            _fmt(figures["max_ms"]))
     if phases.row_count:
         console.print(phases)
+    profiles = Table(title=f"{name}: where the job's time went (share of the job threads' samples)")
+    for column in ("contender", "job s", "category", "share"):
+        profiles.add_column(column, justify="left" if column in ("contender", "category") else "right")
+    for contender, row in rows.items():
+        profile = row.get("job_profile") or {}
+        for category, share in (profile.get("by_category") or {}).items():
+            profiles.add_row(contender, _fmt(profile.get("seconds")), category, _fmt(share))
+    if profiles.row_count:
+        console.print(profiles)
     console.print({k: round(v, 3) if isinstance(v, float) else v for k, v in ratio.items()})
