@@ -336,7 +336,8 @@ def _run(contender: str, model: str, schedule: str, args: argparse.Namespace, sc
     command = [sys.executable, "-m", "benchmarks.probes.background_tuning", "--serve", "--model", model,
                "--schedule", schedule, "--device", args.device, "--requests", str(requests), "--after",
                str(args.after), "--interval-ms", str(args.interval_ms), "--stall-ms", str(args.stall_ms),
-               "--job-profile-ms", str(args.job_profile_ms), "--out", str(out), "--check-out", str(check)]
+               "--job-profile-ms", str(getattr(args, "job_profile_ms", 10.0)), "--out", str(out),
+               "--check-out", str(check)]
     if getattr(args, "cudagraph_history", False) and contender.startswith("jit"):
         command.append("--cudagraph-history")
     if contender.startswith("compile"):

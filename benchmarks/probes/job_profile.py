@@ -5,7 +5,7 @@ ones, where the job was; it does not say what the job's seconds go to - stepping
 dynamo's trace, AOTAutograd, Inductor's lowering or its caches, CUDA-graph trees, validation, measurement. The
 time to tuned of a warm start (seconds against a fraction of one for loading code) is that sum.
 
-How: a daemon thread wakes every `period_s`, reads the stacks of the threads named `aitune-tuning-job*`
+How: a daemon thread wakes every `period_s`, reads the stacks of the threads named `aitune-tuning-job*` (`JOB_THREADS`)
 (`sys._current_frames`, no line text: a frame walk of file and function names) and counts each sample once per
 category (the first of `CATEGORIES` whose marker is in the stack, innermost frames first; the step-aside wait
 wins over what it interrupts), once per function anywhere in the stack (inclusive) and once for its innermost
@@ -37,6 +37,8 @@ CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("aitune", ("/aitune_core/", "/aitune_jit/")),
 )
 TOP = 25
+#: the names of aitune's job threads begin so (`aitune_jit.worker`)
+JOB_THREADS = "aitune-tuning-job"
 
 
 def frame_names(frame: FrameType | None) -> list[str]:
@@ -66,8 +68,10 @@ def _short(name: str) -> str:
 class JobProfile:
     """A sampling profile of aitune's job threads (module docstring); `phase` names the job's step per sample."""
 
-    def __init__(self, period_s: float = 0.01, phase: Callable[[], str | None] | None = None) -> None:
+    def __init__(self, period_s: float = 0.01, phase: Callable[[], str | None] | None = None,
+                 threads: str = JOB_THREADS) -> None:
         self.period_s = period_s
+        self.threads = threads
         self._phase = phase
         self.samples = 0
         self.by_category: Counter[str] = Counter()
@@ -89,7 +93,7 @@ class JobProfile:
 
     def sample(self) -> None:
         """One sample of every job thread alive now."""
-        jobs = [t.ident for t in threading.enumerate() if t.name.startswith("aitune-tuning-job")]
+        jobs = [t.ident for t in threading.enumerate() if t.name.startswith(self.threads)]
         if not jobs:
             return
         frames = sys._current_frames()
