@@ -12,6 +12,7 @@ from benchmarks.probes import tree_ab
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # (30 s on 2 cores: four serving processes; the driver's checks run in the tests below)
 def test_two_trees_side_by_side_on_the_cpu(tmp_path):
     base = tmp_path / "base"
     shutil.copytree(common.REPO / "src", base / "src")  # a copy of this tree stands for the older one
