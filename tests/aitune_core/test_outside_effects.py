@@ -295,3 +295,28 @@ def test_the_file_of_an_object_a_module_keeps_is_watched(tmp_path, monkeypatch):
     finally:
         sys.modules.pop("aitune_test_store", None)
         sys.modules.pop("aitune_test_holder", None)
+
+
+class _DefaultCounter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, scale: float = 1.0, log: list | None = None, *, _seen=[],  # noqa: B006
+                _cache={}) -> torch.Tensor:  # noqa: B006
+        if log is None:
+            _seen.append(1)  # (a step count kept in a mutable default, across calls)
+        else:
+            _cache.setdefault(x.shape[0], x.detach())
+        return self.fc(x) * scale * len(_seen)
+
+
+def test_a_forward_that_changes_a_mutable_default_of_its_own_is_named():
+    change = _change(_DefaultCounter())
+    assert change is not None and "`_seen` of the defaults of _DefaultCounter.forward" in change, change
+    # a dict default is a dict like any other namespace's: filled by shape, it is no change
+    assert _change(_DefaultCounter(), torch.randn(2, 4)) is not None  # (`_seen` grows again)
+    module = _DefaultCounter()
+    watch = OutsideEffects.before(module)
+    module(torch.randn(3, 4), log=[])
+    assert watch.changes() is None

@@ -22,7 +22,8 @@ What is fingerprinted before the call and compared after it:
   (a global recorder whose list a forward appends to: 26 entries after 20 calls in a helper's script, and in the
   background its compiled calls rewrote the list, which held 52 of 300). Dunder names (`__warningregistry__`,
   which `warnings.warn` fills) are left out;
-- the attributes of the module classes themselves (`type(self).calls += 1`), the same way;
+- the attributes of the module classes themselves (`type(self).calls += 1`), the same way, and the mutable
+  default values of their `forward`s' parameters (a list default a forward appends to);
 - text written to `sys.stdout` or `sys.stderr` by the calling thread, and log records made on it (outside
   aitune's own loggers), while the call ran: `_OutputRoute` stands in for both streams and for the log record
   factory while any watch runs, passes everything on unchanged, and counts only the watching threads' writes;
@@ -55,7 +56,7 @@ import torch
 
 from aitune_core.patch import Patch
 from aitune_core.recording.module_effects import first_difference
-from aitune_core.recording.value_fingerprint import attributes, entries, fingerprint
+from aitune_core.recording.value_fingerprint import SIMPLE, attributes, entries, fingerprint
 
 _LOGS = (list, bytearray, collections.deque)
 _OURS = frozenset({"aitune", "aitune_core", "aitune_jit", "aitune_aot"})  # (aitune's own state: not the program's)
@@ -72,6 +73,9 @@ def _namespaces(module: torch.nn.Module) -> dict[str, Any]:
             for function in _unwrapped(klass.__dict__.get("forward")):
                 namespace = function.__globals__
                 spaces.setdefault(f"module {namespace.get('__name__', '?')}", namespace)
+                defaults = _mutable_defaults(function)
+                if defaults:
+                    spaces.setdefault(f"the defaults of {function.__qualname__}", defaults)
         for helper in _helper_objects_files(sub):
             spaces.setdefault(f"module {helper.get('__name__', '?')}", helper)
     for label, namespace in list(spaces.items()):
@@ -131,6 +135,20 @@ def _library_roots() -> tuple[str, ...]:
     roots.update(site.getsitepackages() if hasattr(site, "getsitepackages") else [])
     roots.add(site.getusersitepackages() if hasattr(site, "getusersitepackages") else "")
     return tuple(os.path.realpath(root) + os.sep for root in roots if root)
+
+
+def _mutable_defaults(function: Any) -> dict[str, Any]:
+    """The default values of `function`'s parameters that a call can change in place, by parameter name: a list
+    or dict default kept across calls (`def forward(self, x, *, _seen=[])`, a step count in a helper's script:
+    15 after 6 calls under the JIT, and wrong answers from the third). Simple values cannot change."""
+    code = getattr(function, "__code__", None)
+    positional = getattr(function, "__defaults__", None) or ()
+    found: dict[str, Any] = {}
+    if code is not None and positional:
+        names = code.co_varnames[:code.co_argcount][-len(positional):]
+        found.update(zip(names, positional))
+    found.update(getattr(function, "__kwdefaults__", None) or {})
+    return {name: value for name, value in found.items() if not isinstance(value, SIMPLE)}
 
 
 def _unwrapped(forward: Any) -> list[Any]:
