@@ -382,7 +382,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
     def _dispatch(self, args: tuple, kwargs: dict) -> Any:
         dispatcher = self._dispatcher
         if dispatcher is None:  # (released - JIT switched off - while the program kept `m.forward`: plain forward)
-            return self._forward_fn(*args, **kwargs)  # type: ignore[misc]
+            return call_forward(self._forward_fn, args, kwargs)  # type: ignore[arg-type]
         state = tls
         state.bypass += 1
         try:
@@ -393,8 +393,13 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
     def _fallback(self, *args: Any, **kwargs: Any) -> Any:
         """Calls no tuned graph accepts: run the original forward; record them so new graphs get tuned."""
         if self._recorder is None:
-            return self._forward_fn(*args, **kwargs)  # type: ignore[misc]
+            return call_forward(self._forward_fn, args, kwargs)  # type: ignore[arg-type]
         return self._recorded_call(self._forward_fn, args, kwargs)  # type: ignore[arg-type]
+
+    def _original_call(self, *args: Any, **kwargs: Any) -> Any:
+        """The original forward, for calls the dispatcher does not send to a backend (a changed module, a failed
+        backend): called from torch's call line, so a forward's `stacklevel=2` warning names torch's frame."""
+        return call_forward(self._forward_fn, args, kwargs)  # type: ignore[arg-type]
 
     def _backend_failed(self, backend: Backend, exc: Exception) -> None:
         """A tuned backend raised at run time and the original forward answered the call (the dispatcher did that;
@@ -425,7 +430,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         previous = old.watch if old is not None else None
         watch = ModuleWatch(module, self.backends, self.path, previous) if module is not None else None
         return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
-                               watch=watch, original=self._forward_fn, warned=old.warned if old else None,
+                               watch=watch, original=self._original_call, warned=old.warned if old else None,
                                on_outdated=self._backends_outdated, on_code_missed=self._code_missed,
                                on_plain_run=self._missed_call)
 

@@ -198,3 +198,27 @@ def test_a_call_interrupted_on_its_way_in_leaves_no_request_counted_and_no_stack
     with torch.no_grad(), pytest.raises(TimeoutError):
         model(torch.randn(2, 8))
     assert worker_yield.requests_in_flight() == 0 and not tls.stack
+
+
+def test_a_call_no_tuned_graph_accepts_warns_from_torchs_line_as_plainly() -> None:
+    # a forward's stacklevel=2 warning named aitune's patched_module.py for calls the dispatcher sent to the
+    # original forward (a helper's script, sixth round: a deprecated argument given after tuning)
+    import inspect
+
+    from jit_helpers import MLP
+
+    class Deprecating(MLP):
+        def forward(self, x: torch.Tensor, old: object = None) -> torch.Tensor:
+            if old is not None:
+                warnings.warn("`old` is deprecated", FutureWarning, stacklevel=2)
+            return super().forward(x)
+
+    model, node = _tuned_model(Deprecating)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        model(torch.randn(2, 32), old=1)  # (a new argument structure: no tuned graph accepts it; recorded)
+        node._not_replayable("it prints")  # (as after a call that printed: a tuned node then records no new graphs)
+        model(torch.randn(2, 32), old=2)
+    places = {(w.filename, w.lineno) for w in caught if "deprecated" in str(w.message)}
+    assert places and all(f == inspect.getsourcefile(torch.nn.Module._call_impl) for f, _ in places), places
+    assert node.state is NodeState.TUNED
