@@ -143,7 +143,8 @@ class SlotForward:
         code = slot.code
         if code is not None:
             module = slot._module_ref()
-            if module is not None and ((cls := type(module)) is not code[0] or cls.forward is not code[1]):
+            if module is not None and ((cls := type(module)) is not code[0] or cls.forward is not code[1]) and (
+                    cls is not code[0] or class_forward(cls) is not code[2]):  # (a descriptor's reads are new)
                 return slot.changed_call(module, args, kwargs)
         return slot.handler(args, kwargs)
 
@@ -162,6 +163,25 @@ class SlotForward:
 
     def __repr__(self) -> str:
         return f"<aitune forward of {self._slot.label}>"
+
+
+def class_forward(cls: type) -> Any:
+    """`forward` as `cls` defines it, not read through its descriptor: a function, or the descriptor object that
+    `cls.forward` would call (a `functools.partialmethod` or a decorator class returns a new object at each read,
+    so comparing reads said the forward had changed at every call; a helper's script, sixth round)."""
+    for klass in cls.__mro__:
+        if "forward" in klass.__dict__:
+            return klass.__dict__["forward"]
+    return None
+
+
+def bound_forward(module: torch.nn.Module) -> Callable[..., Any]:
+    """The class's current forward for `module`, as `module.forward` reads it without an instance attribute: bound
+    through its descriptor (a `functools.partial` in the class has none: it is called as it is)."""
+    cls = type(module)
+    raw = class_forward(cls)
+    get = getattr(type(raw), "__get__", None)
+    return get(raw, module, cls) if get is not None else raw
 
 
 class ForwardSlot:
@@ -184,7 +204,10 @@ class ForwardSlot:
         self.original: Callable[..., Any] = module.forward  # the forward aitune falls back to
         cls = type(module)
         # what `original` was bound from; None when the user's instance forward is (class changes don't reach it)
-        self.code: tuple[type, Any] | None = (cls, cls.forward) if self.saved is _MISSING else None
+        # (and the class attribute itself: a descriptor - `functools.partialmethod`, a decorator class - can return
+        # a new object at each read)
+        self.code: tuple[type, Any, Any] | None = (
+            (cls, cls.forward, class_forward(cls)) if self.saved is _MISSING else None)
         self.handler = handler
         self.owner = owner
         self.label = label or cls.__name__
@@ -243,15 +266,15 @@ class ForwardSlot:
                 except Exception:  # the owner's clean-up failing must not fail the program's call
                     _logger.debug("on_change of %s failed", self.label, exc_info=True)
             self._change_taken = taken is not False
-        cls = type(module)
-        return cls.forward.__get__(module, cls)(*args, **kwargs)
+        return bound_forward(module)(*args, **kwargs)
 
     def _what_changed(self, module: torch.nn.Module) -> str:
         old_cls = self.code[0] if self.code is not None else type(module)
         now = type(module)
         if now is not old_cls:
             # a library's own swap (torch.nn.utils.parametrize makes `ParametrizedLinear`): a subclass, same forward
-            self.routine_change = issubclass(now, old_cls) and now.forward is self.code[1] if self.code else False
+            self.routine_change = (issubclass(now, old_cls) and class_forward(now) is self.code[2]
+                                   if self.code else False)
             how = " (a subclass with the same forward)" if self.routine_change else ""
             return f"its class changed from {old_cls.__qualname__} to {now.__qualname__}{how}"
         return f"{now.__qualname__}.forward was replaced"

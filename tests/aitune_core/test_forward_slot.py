@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import pickle
 
@@ -253,3 +254,51 @@ def test_a_module_whose_forward_was_set_to_a_watched_modules_forward_keeps_it():
     x = torch.randn(2, 4)
     torch.testing.assert_close(wrapper(x), Net.forward(inner, x))
     assert "forward" in wrapper.__dict__ and routed == [1]
+
+
+class _Decorator:
+    """A method decorator written as a class, as some libraries do: each read binds a new `functools.partial`."""
+
+    def __init__(self, function) -> None:
+        self.function = function
+
+    def __get__(self, obj, cls=None):
+        return functools.partial(self.function, obj) if obj is not None else functools.partial(self.function)
+
+
+def _scaled(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+    return self.fc(x) * scale
+
+
+class _PartialMethodNet(Net):
+    forward = functools.partialmethod(_scaled, scale=3.0)
+
+
+class _DecoratedNet(Net):
+    @_Decorator
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * 2
+
+
+def test_a_forward_made_by_a_descriptor_at_each_read_is_not_a_changed_forward():
+    # each `cls.forward` read made a new object: every call looked like a replaced forward, and the call then
+    # failed ("'functools.partial' object has no attribute '__get__'") - a crash in a helper's script
+    for cls, factor in ((_PartialMethodNet, 3.0), (_DecoratedNet, 2.0)):
+        net, seen, changes = cls(), [], []
+        original = net.forward
+        ForwardSlot(net, lambda args, kwargs, s=seen, f=original: s.append(1) or f(*args, **kwargs),
+                    on_change=changes.append).install()
+        x = torch.randn(2, 4)
+        for _ in range(3):
+            torch.testing.assert_close(net(x), net.fc(x) * factor)
+        assert seen == [1, 1, 1] and changes == [], cls
+
+
+def test_a_class_forward_replaced_by_a_plain_partial_runs_it_as_it_is():
+    cls = _local_net_class()
+    net, changes = cls(), []
+    slot = ForwardSlot(net, lambda args, kwargs: "routed", on_change=changes.append).install()
+    x = torch.randn(2, 4)
+    cls.forward = functools.partial(lambda x: x + 1)  # (no `__get__`: `net.forward` is the partial itself)
+    torch.testing.assert_close(net(x), x + 1)
+    assert changes == [f"{cls.__qualname__}.forward was replaced"] and slot.changed
