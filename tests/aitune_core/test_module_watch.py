@@ -304,3 +304,28 @@ def test_a_replaced_submodule_forward_diverts_and_a_weight_of_another_tensor_typ
     net[0].weight = torch.nn.Parameter(net[0].weight.detach().as_subclass(Marked))
     verdict = watch.review(_refits()[1])
     assert verdict.reshaped is not None and "another tensor type (Parameter -> Marked)" in verdict.reshaped
+
+
+def test_a_global_hook_registered_through_a_name_imported_before_the_patches_is_seen():
+    # `from torch.nn.modules.module import register_module_forward_hook` at a script's start holds torch's own
+    # function: its hooks moved no epoch, and a tuned graph answered without the hook (a helper's script, sixth
+    # round: every block's output doubled by the hook plainly, not under the JIT)
+    import inspect
+
+    from torch.nn.modules import module as torch_module
+
+    register = inspect.unwrap(torch_module.register_module_forward_hook)  # (torch's function, not the patch)
+    net = _net()
+    watch = ModuleWatch(net, [_Backend(False)])
+    _calls, refit = _refits()
+    assert watch.review(refit).clean and not watch.stale()
+    epoch = module_epoch.EPOCH.value
+    handle = register(lambda module, args, out: None)
+    try:
+        assert module_epoch.EPOCH.value == epoch  # (no patch saw it)
+        assert watch.stale()
+        assert watch.review(refit).divert is not None
+    finally:
+        handle.remove()
+    assert watch.stale()  # (the count moved back: looked at once more)
+    assert watch.review(refit).clean and not watch.stale()

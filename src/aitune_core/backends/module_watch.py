@@ -9,7 +9,10 @@ register hooks on a submodule. The watch records, at tune time (a `ModuleSnapsho
 - whether any forward/backward hook is registered on a submodule (or globally, `register_module_forward_hook`).
 
 Per call, `stale()` costs one integer comparison (the module epoch, `module_epoch.EPOCH`, moved by every torch
-method that changes structure, mode or hooks) plus, only when some backend baked the weights
+method that changes structure, mode or hooks), four truth tests of torch's global hook tables (a global hook
+registered through a name imported before the epoch's patches went in moved no epoch: a helper's script, sixth
+round, whose hook doubled every block's output got the tuned graph's answers, unhooked) plus, only when some
+backend baked the weights
 (`Backend.bakes_weights`), one version-counter read per parameter and buffer: in-place edits are seen only there.
 No tensor data is ever read.
 
@@ -59,6 +62,14 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_back
 _GLOBAL_HOOK_DICTS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
                       "_global_backward_pre_hooks")
 _snapshots: weakref.WeakSet[ModuleSnapshot] = weakref.WeakSet()  # (live snapshots: `forget_tensors`)
+# torch's global hook tables (created once, changed in place): a hook registered through a name the program imported
+# before the epoch's patches were installed moves no epoch, so `stale` looks at their sizes too
+_FORWARD, _FORWARD_PRE, _BACKWARD, _BACKWARD_PRE = (getattr(torch_module, name) for name in _GLOBAL_HOOK_DICTS)
+
+
+def global_hook_total() -> int:
+    """How many global module hooks are registered (every kind, inert ones included)."""
+    return len(_FORWARD) + len(_FORWARD_PRE) + len(_BACKWARD) + len(_BACKWARD_PRE)
 
 
 def submodule_hooks(module: torch.nn.Module) -> int:
@@ -229,8 +240,8 @@ class Verdict:
 class ModuleWatch:
     """Watches one tuned module for the backends in `backends` (see the module docstring)."""
 
-    __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_module_ref", "_noted", "_seen", "_shaped",
-                 "_tree_ids", "_tuned", "_verdict", "_versions", "name")
+    __slots__ = ("__weakref__", "_baked", "_baselines", "_epoch", "_globals", "_module_ref", "_noted", "_seen",
+                 "_shaped", "_tree_ids", "_tuned", "_verdict", "_versions", "name")
 
     def __init__(
         self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "", previous: ModuleWatch | None = None
@@ -244,6 +255,7 @@ class ModuleWatch:
         weakref.finalize(self, module_epoch.unwatch_tree, self._tree_ids)
         self._seen = module_epoch.EPOCH.value
         self._epoch = self._seen
+        self._globals = global_hook_total()
         self._module_ref = weakref.ref(module)
         self.name = name
         current = ModuleSnapshot.take(module)
@@ -275,6 +287,9 @@ class ModuleWatch:
         """True when something may have changed since the last review (or the last verdict was not clean)."""
         if self._epoch != module_epoch.EPOCH.value:
             return True
+        if (_FORWARD or _FORWARD_PRE or _BACKWARD or _BACKWARD_PRE or self._globals) and (
+                global_hook_total() != self._globals):
+            return True
         for tensor, version in self._versions:  # noqa: SIM110 - a plain loop: no generator on every call
             if tensor._version != version:
                 return True
@@ -286,7 +301,8 @@ class ModuleWatch:
         `refit_reshaped=False`: after a change of structure, block the baked backends instead of rebuilding them on
         this thread (an owner that tunes the module again anyway)."""
         now = module_epoch.EPOCH.value
-        if now == self._seen and not self._versions_moved():
+        hooks = global_hook_total()
+        if now == self._seen and hooks == self._globals and not self._versions_moved():
             return self._verdict  # nothing moved since the last review
         module = self._module_ref()
         if module is None:
@@ -317,7 +333,7 @@ class ModuleWatch:
         self._verdict = Verdict(divert=divert, blocked=frozenset(blocked), reshaped=reshaped)
         if divert is not None:
             self._note(divert, f"the original module answers while {divert}")
-        self._seen = now
+        self._seen, self._globals = now, hooks
         self._versions = tuple(zip(current.live_tensors(), current.versions)) if self._baked else ()
         self._epoch = now if self._verdict.clean else -1
         return self._verdict
