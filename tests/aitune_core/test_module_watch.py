@@ -329,3 +329,16 @@ def test_a_global_hook_registered_through_a_name_imported_before_the_patches_is_
         handle.remove()
     assert watch.stale()  # (the count moved back: looked at once more)
     assert watch.review(refit).clean and not watch.stale()
+
+
+def test_a_watch_made_while_hooks_are_on_reviews_its_first_call():
+    # a hook registered while a background job compiled is on before the watch exists, and the process's first
+    # tuning had no epoch patches to see it: the watch looked clean and the tuned graph answered without the hook
+    net = _net()
+    handle = net[0].register_forward_hook(lambda *a: None)
+    watch = ModuleWatch(net, [_Backend(False)])
+    assert watch.stale()
+    _calls, refit = _refits()
+    assert watch.review(refit).divert is not None
+    handle.remove()
+    assert watch.review(refit).clean and not watch.stale()
