@@ -64,7 +64,8 @@ class ForwardOnly(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, forward: Callable[..., Any]) -> None:
         super().__init__()
-        self.module = module
+        # (not `self.module = module`: torch's global module registration hooks would see aitune's wrapper)
+        self._modules["module"] = module
         self.forward = forward  # the original (bound) forward: signature and behaviour of the user's module
 
 

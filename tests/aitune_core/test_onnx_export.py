@@ -158,3 +158,19 @@ def test_export_leaves_the_modules_training_flags_as_they_were(tmp_path, use_dyn
     assert {name: sub.training for name, sub in module.named_modules()} == {
         "": False, "conv1": False, "bn": True, "conv2": False, "fc": False
     }
+
+
+def test_the_flat_view_is_not_seen_by_the_programs_registration_hooks():
+    from torch.nn.modules import module as torch_module
+
+    seen = []
+    model = torch.nn.Linear(2, 2)
+    recorder = GraphRecorder(model)
+    with torch.no_grad():
+        recorder.record((torch.randn(3, 2),), {}, model(torch.randn(3, 2)))
+    handle = torch_module.register_module_module_registration_hook(lambda parent, name, sub: seen.append(name))
+    try:
+        flat = FlatModule(model, recorder.graph_specs[0])
+    finally:
+        handle.remove()
+    assert seen == [] and flat.module is model

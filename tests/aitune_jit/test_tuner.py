@@ -132,3 +132,18 @@ def test_a_module_that_returns_a_new_object_holding_tensors_is_tuned_and_compare
     for g, w in zip(got, want):
         torch.testing.assert_close(g["out"], w["out"])
         torch.testing.assert_close(g["cache"].keys, w["cache"].keys)
+
+
+def test_the_forward_only_view_is_not_seen_by_the_programs_registration_hooks():
+    # a program that tracks module construction with torch's global registration hooks saw aitune's own wrapper
+    # register the user's module (a helper's script, sixth round)
+    from torch.nn.modules import module as torch_module
+
+    seen = []
+    handle = torch_module.register_module_module_registration_hook(lambda parent, name, sub: seen.append(name))
+    try:
+        model = torch.nn.Linear(2, 2)
+        view = tuner.ForwardOnly(model, model.forward)
+    finally:
+        handle.remove()
+    assert seen == [] and view.module is model and list(view.parameters()) == list(model.parameters())

@@ -67,7 +67,8 @@ class FlatModule(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module, graph_spec: GraphSpec) -> None:
         super().__init__()
-        self.module = module
+        # (not `self.module = module`: torch's global module registration hooks would see aitune's wrapper)
+        self._modules["module"] = module
         self.graph_spec = graph_spec
         self.training = module.training  # exporters look at (and toggle) the wrapper's mode
 
