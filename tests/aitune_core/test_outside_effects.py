@@ -313,10 +313,70 @@ class _DefaultCounter(nn.Module):
 
 def test_a_forward_that_changes_a_mutable_default_of_its_own_is_named():
     change = _change(_DefaultCounter())
-    assert change is not None and "`_seen` of the defaults of _DefaultCounter.forward" in change, change
+    assert change is not None and "default _seen of the function `forward` of class _DefaultCounter" in change, change
     # a dict default is a dict like any other namespace's: filled by shape, it is no change
     assert _change(_DefaultCounter(), torch.randn(2, 4)) is not None  # (`_seen` grows again)
     module = _DefaultCounter()
     watch = OutsideEffects.before(module)
     module(torch.randn(3, 4), log=[])
     assert watch.changes() is None
+
+
+_IDS = [0]
+
+
+def _next_id(_n=[0]) -> int:  # noqa: B006 - a count kept in a default, as a program's helper may
+    _n[0] += 1
+    return _n[0]
+
+
+def _counter():
+    count = 0
+
+    def step() -> int:
+        nonlocal count
+        count += 1
+        return count
+
+    return step
+
+
+_STEP = _counter()
+
+
+class _HelperState(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.how = how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.how == "default":
+            _next_id()
+        elif self.how == "closure":
+            _STEP()
+        elif self.how == "element":
+            _IDS[0] += 1
+        return self.fc(x)
+
+
+@pytest.mark.parametrize(("how", "words"), [
+    ("default", "default _n of the function `_next_id`"), ("closure", "closure count of the function `_STEP`"),
+    ("element", "`_IDS[0]`"),
+])
+def test_a_count_in_a_helpers_default_or_closure_or_a_global_lists_item_is_named(how, words):
+    # `def next_id(_n=[0]): _n[0] += 1` called from a forward read 17 after 8 calls under the JIT (sixth round)
+    change = _change(_HelperState(how))
+    assert change is not None and words in change, change
+
+
+def test_numpy_and_byte_buffers_edited_in_place_are_a_change_of_the_module():
+    np = pytest.importorskip("numpy")
+    from aitune_core.recording.value_fingerprint import fingerprint
+
+    for buffer, edit in ((np.zeros(1), lambda b: b.__iadd__(1)), (bytearray(b"ab"), lambda b: b.__setitem__(0, 1))):
+        before = fingerprint(buffer)
+        edit(buffer)
+        assert fingerprint(buffer) != before, type(buffer)
+    big = np.zeros(10_000)
+    assert fingerprint(big) == fingerprint(big)  # (too large to read per call: its size only)

@@ -22,8 +22,9 @@ What is fingerprinted before the call and compared after it:
   (a global recorder whose list a forward appends to: 26 entries after 20 calls in a helper's script, and in the
   background its compiled calls rewrote the list, which held 52 of 300). Dunder names (`__warningregistry__`,
   which `warnings.warn` fills) are left out;
-- the attributes of the module classes themselves (`type(self).calls += 1`), the same way, and the mutable
-  default values of their `forward`s' parameters (a list default a forward appends to);
+- the attributes of the module classes themselves (`type(self).calls += 1`), the same way; the items of a global
+  list (`STEPS[0] += 1`); the mutable defaults and the closure cells of a class's `forward` and of the program's
+  own functions among those globals and class attributes (a list default a forward or a helper appends to);
 - text written to `sys.stdout` or `sys.stderr` by the calling thread, and log records made on it (outside
   aitune's own loggers), while the call ran: `_OutputRoute` stands in for both streams and for the log record
   factory while any watch runs, passes everything on unchanged, and counts only the watching threads' writes;
@@ -56,9 +57,16 @@ import torch
 
 from aitune_core.patch import Patch
 from aitune_core.recording.module_effects import first_difference
-from aitune_core.recording.value_fingerprint import SIMPLE, attributes, entries, fingerprint
+from aitune_core.recording.value_fingerprint import (
+    SIMPLE,
+    attributes,
+    elements,
+    entries,
+    fingerprint,
+)
 
 _LOGS = (list, bytearray, collections.deque)
+
 _OURS = frozenset({"aitune", "aitune_core", "aitune_jit", "aitune_aot"})  # (aitune's own state: not the program's)
 
 
@@ -73,9 +81,6 @@ def _namespaces(module: torch.nn.Module) -> dict[str, Any]:
             for function in _unwrapped(klass.__dict__.get("forward")):
                 namespace = function.__globals__
                 spaces.setdefault(f"module {namespace.get('__name__', '?')}", namespace)
-                defaults = _mutable_defaults(function)
-                if defaults:
-                    spaces.setdefault(f"the defaults of {function.__qualname__}", defaults)
         for helper in _helper_objects_files(sub):
             spaces.setdefault(f"module {helper.get('__name__', '?')}", helper)
     for label, namespace in list(spaces.items()):
@@ -166,14 +171,47 @@ def _state(spaces: dict[str, Any]) -> dict[tuple[str, Any], Any]:
     for label, namespace in spaces.items():
         for name, value in list(namespace.items()):
             if isinstance(name, str) and not (name.startswith("__") and name.endswith("__")):
-                state[(label, name)] = fingerprint(value, _LOGS)
-                if type(value) is dict:
-                    for key, entry in entries(value, _LOGS).items():
-                        state[(label, (name, key))] = entry
-                else:  # (a global recorder object: `store.maps.append(...)`, as attention-map stores do)
-                    for key, entry in attributes(value, _LOGS).items():
-                        state[(label, (name, key))] = entry
+                for inner, entry in _entries_of(value):
+                    state[(label, (name, *inner) if inner else name)] = entry
+                if type(value) is types.FunctionType:  # (a helper keeping a count in a default or a closure)
+                    for part, kept in _function_parts(name, value):
+                        for inner, entry in _entries_of(kept):
+                            state[(label, (name, part, *inner))] = entry
     return state
+
+
+def _entries_of(value: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """`value`'s fingerprint (under `()`) and, one level in, a dict's entries, a list's items (`STEPS[0] += 1`
+    keeps the list's length) or a plain object's attributes (a global recorder whose list a forward appends to,
+    as attention-map stores do), each under its key."""
+    found: list[tuple[tuple[Any, ...], Any]] = [((), fingerprint(value, _LOGS))]
+    if type(value) is dict:
+        inner = entries(value, _LOGS)
+    elif type(value) is list:
+        inner = elements(value, _LOGS)
+    else:
+        inner = attributes(value, _LOGS)
+    found.extend(((key,), entry) for key, entry in inner.items())
+    return found
+
+
+def _function_parts(name: str, function: types.FunctionType) -> list[tuple[str, Any]]:
+    """What a function keeps between calls: its mutable defaults and its closure's cells, as ("default <name>" /
+    "closure <name>", value). A forward's, wherever it is defined (`def forward(self, x, *, _seen=[])`: 15 after
+    6 calls under the JIT, and wrong answers); any other function's only in the program's own files (`def
+    next_id(_n=[0])` called from a forward: 17 after 8 calls; helpers' scripts, sixth round): a library's
+    decorators keep their wrapped functions in closures, not the program's state."""
+    cells = function.__closure__
+    defaults = _mutable_defaults(function)
+    if not (cells or defaults) or (name != "forward" and not _programs_own(function.__code__.co_filename)):
+        return []
+    parts = [(f"default {key}", value) for key, value in defaults.items()]
+    for key, cell in zip(function.__code__.co_freevars, cells or ()):
+        try:
+            parts.append((f"closure {key}", cell.cell_contents))
+        except ValueError:  # (an empty cell)
+            continue
+    return parts
 
 
 class _CountingStream:
@@ -357,6 +395,8 @@ class OutsideEffects:
         if difference is None:
             return None
         (label, name), removed = difference
+        if isinstance(name, tuple) and isinstance(name[1], str) and name[1].startswith(("default ", "closure ")):
+            return f"changes the {name[1]} of the function `{name[0]}` of {label}"
         what = f"{name[0]}[{name[1]!r}]" if isinstance(name, tuple) else name
         return f"{'removes' if removed else 'changes'} `{what}` of {label}"
 

@@ -4,9 +4,10 @@ Why: tuning replays recorded calls on the program's own module, so a call that k
 before it is replayed (`module_effects`, `outside_effects`). A fingerprint reads no tensor data: tensors count by
 identity and version counter, which every in-place write moves.
 
-- `fingerprint(value)`: one level - simple values by value, tensors by identity and version, the given sized
-  containers by identity and length, random-number generators by their state (`rng_state`), iterators and
-  in-memory streams by what a call moves in them (`object_state`), anything else by identity.
+- `fingerprint(value)`: one level - simple values by value, tensors by identity and version, small numpy
+  arrays, `array.array`s and bytearrays by their bytes, the given sized containers by identity and length,
+  random-number generators by their state (`rng_state`), iterators and in-memory streams by what a call moves in
+  them (`object_state`), anything else by identity.
 - `contents_fingerprint(value, depth)`: also looks `depth` levels into dicts, lists, tuples, deques, plain
   objects (instances with a `__dict__` that are not modules, classes, functions or the standard library's
   machinery), objects of classes with `__slots__`, and the cells of a function's closure. Where state is kept
@@ -16,13 +17,15 @@ identity and version counter, which every in-place write moves.
   object (a helper's scripts, 2026-11-27).
   Long containers are read at both ends only (`ITEMS`), an object seen twice is read once (a transformers
   `config` shared by every layer).
-- `entries(value)`: a dict's entries, each by `fingerprint` - for globals, where a dict that gains keys is a cache
+- `elements(value)`: a list's items by position, each by `fingerprint` (a global list counter);
+  `entries(value)`: a dict's entries, each by `fingerprint` - for globals, where a dict that gains keys is a cache
   and one whose existing entries change is a counter; `attributes(value)`: a plain object's attributes, the same
   way (a global recorder object whose list a forward appends to).
 """
 
 from __future__ import annotations
 
+import array
 import collections
 import enum
 import functools
@@ -40,6 +43,8 @@ SIMPLE = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.
 SIZED = (list, dict, set, bytearray)
 #: items of a container read by `contents_fingerprint`: the first and the last half of this many
 ITEMS = 64
+#: numpy arrays, `array.array`s and bytearrays up to this size are compared by their bytes (`_buffer_contents`)
+BUFFER_BYTES = 4096
 #: classes from these top-level modules are not walked into (locks, loggers with their level caches, streams)
 _MACHINERY = frozenset({"torch", "logging", "threading", "_thread", "concurrent", "asyncio", "multiprocessing",
                         "queue", "io", "_io", "weakref", "socket", "ssl", "subprocess", "selectors", "tqdm"})
@@ -61,6 +66,9 @@ def fingerprint(value: Any, sized: tuple[type, ...] = SIZED, *, unreadable: bool
         return tensor_fingerprint(value)
     if isinstance(value, SIMPLE):
         return ("value", type(value), value if value == value else "nan")
+    contents = _buffer_contents(value)  # (a numpy counter `self.steps += 1` keeps its identity and length)
+    if contents is not None:
+        return ("buffer", id(value), contents)
     if isinstance(value, sized):
         return ("sized", id(value), len(value))
     state = rng_state(value)  # (a generator the program keeps: by its state, which every draw moves)
@@ -70,6 +78,24 @@ def fingerprint(value: Any, sized: tuple[type, ...] = SIZED, *, unreadable: bool
     if state is not None:
         return ("state", id(value), state)
     return ("object", id(value))
+
+
+def _buffer_contents(value: Any) -> Any:
+    """The bytes of a small numpy array, `array.array` or `bytearray` (with shape and type), which an in-place edit
+    changes without changing identity or length: a step count in `self.steps = np.zeros(1)` read 1009 after 8
+    calls under the default strategy (a helper's script, sixth round). Larger ones (over `BUFFER_BYTES`): their
+    size only. None for anything else."""
+    cls = type(value)
+    if cls is bytearray or cls is array.array:
+        size = len(value) * (value.itemsize if cls is array.array else 1)
+        return (size, bytes(value) if size <= BUFFER_BYTES else None)
+    if cls.__name__ == "ndarray" and cls.__module__ == "numpy":
+        try:
+            small = value.nbytes <= BUFFER_BYTES
+            return (value.shape, str(value.dtype), value.tobytes() if small else None)
+        except Exception:  # (an object array of something unpicklable, a view of freed memory: identity only)
+            return None
+    return None
 
 
 def _ends(items: Iterable[Any], size: int, backwards: Any) -> list[Any]:
@@ -169,6 +195,22 @@ def attributes(value: Any, sized: tuple[type, ...] = SIZED) -> dict[str, Any]:
     except RuntimeError:  # (changed by another thread while read)
         return {}
     return {str(k): fingerprint(v, sized) for k, v in items}
+
+
+def elements(value: list[Any], sized: tuple[type, ...] = SIZED) -> dict[int, Any]:
+    """A list's items by position (read at both ends when long: negative positions from the end), each by
+    `fingerprint`: an element changed in place (`COUNT[0] += 1`) leaves the list's identity and length as they
+    were."""
+    size = len(value)
+    try:
+        if size <= ITEMS:
+            return {i: fingerprint(v, sized) for i, v in enumerate(list(value))}
+        half = ITEMS // 2
+        head = {i: fingerprint(value[i], sized) for i in range(half)}
+        head.update({-i: fingerprint(value[-i], sized) for i in range(1, half + 1)})
+        return head
+    except (RuntimeError, IndexError):  # (changed by another thread while read)
+        return {}
 
 
 def entries(value: dict[Any, Any], sized: tuple[type, ...] = SIZED) -> dict[Any, Any]:
