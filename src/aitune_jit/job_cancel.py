@@ -14,7 +14,7 @@ How, in order:
    call or a loop that calls no Python function), or the thread still runs `UNWIND_WAIT_S` after it was raised
    (a cancel swallowed), an asynchronous exception (`PyThreadState_SetAsyncExc`), which Python raises at the
    thread's next bytecode wherever that is; sent again every `CANCEL_RESEND_S` while the thread runs, since one
-   that lands in a weakref callback or a `__del__` is dropped there (`_catch_unraisable_cancels`), and held back
+   that lands in a weakref callback or a `__del__` is dropped there (`catch_unraisable_cancels`), and held back
    while the thread captures a CUDA graph. A thread that is unwinding from the first cancel is not sent one
    within `UNWIND_WAIT_S`: it would land in the cleanup code.
 3. At the end of its body the cancelled thread does not end: it waits for the process to end (`rest_forever`).
@@ -73,6 +73,7 @@ def cancel(job: CancellableJob) -> None:
     if job.cancel_sent is None:
         job.cancel_sent = time.monotonic()
     gate = job.gate
+    catch_unraisable_cancels()  # (a cancel raised at a function start can land in a finalizer too)
     if gate is not None and gate.cancel(TuningCancelled):
         return
     _send_async(job)
@@ -109,7 +110,7 @@ def _send_async(job: CancellableJob) -> None:
     thread = job.thread
     if thread is None or thread.ident is None or job.finished.is_set():
         return
-    _catch_unraisable_cancels()
+    catch_unraisable_cancels()
     if not _raise_async(thread.ident):
         _logger.debug("could not cancel the tuning job of %s", job.path)
 
@@ -132,11 +133,13 @@ def _raise_async(ident: int) -> bool:
 _previous_unraisablehook: Callable[[Any], Any] | None = None
 
 
-def _catch_unraisable_cancels() -> None:
+def catch_unraisable_cancels() -> None:
     """An asynchronous cancel lands at whatever Python instruction the job thread runs next - sometimes a weakref
     callback or a `__del__` (importlib's module-lock callback, seen on this project's CPU), where Python cannot
-    propagate it: it would print "Exception ignored in ..." and a traceback on the program's stderr.
-    `sys.unraisablehook` drops such a cancel quietly (installed by every cancel unless it is in place; other
+    propagate it: it would print "Exception ignored in ..." and a traceback on the program's stderr. So can one
+    a step-aside gate raises at a function start: a generator closed by the collector runs Python code there (a
+    `TrainingSwitched` in torch's `tree_map` generator, a helper's script, sixth round). `sys.unraisablehook`
+    drops such a cancel (any `TuningCancelled`) quietly (installed by every cancel unless it is in place; other
     unraisable exceptions go to the hook that was there), and `join_cancelled` sends it again."""
     global _previous_unraisablehook
     if sys.unraisablehook is not _unraisable_cancel:  # (again if someone replaced it since)
@@ -145,11 +148,24 @@ def _catch_unraisable_cancels() -> None:
 
 
 def _unraisable_cancel(unraisable: Any) -> None:
-    if unraisable.exc_type is TuningCancelled:
-        _logger.debug("a cancelled tuning job's TuningCancelled landed in %r; it is sent again", unraisable.object)
+    if isinstance(unraisable.exc_type, type) and issubclass(unraisable.exc_type, TuningCancelled):
+        _logger.debug("a cancelled tuning job's %s landed in %r; it is sent again", unraisable.exc_type.__name__,
+                      unraisable.object)
+        _rearm(unraisable.exc_type)
         return
     previous = _previous_unraisablehook or sys.__unraisablehook__
     previous(unraisable)
+
+
+def _rearm(exc_type: type[BaseException]) -> None:
+    """A cancel the job thread's gate raised and a finalizer swallowed is raised again at the thread's next function
+    start (an asynchronous one is sent again by `join_cancelled`)."""
+    from aitune_jit import worker_yield  # (the gate's module; it imports nothing of this one)
+
+    gate = worker_yield.current_gate()
+    if gate is not None:
+        with contextlib.suppress(Exception):
+            gate.cancel(exc_type)
 
 
 #: held from import on and never released: a job thread that reaches the program's end waits on it for good
@@ -208,6 +224,22 @@ def release_import_locks() -> None:
                 lock.release()
         except Exception:  # (released meanwhile, or another layout: nothing to do)
             continue
+    release_global_import_lock()
+
+
+def release_global_import_lock() -> None:
+    """Release the interpreter's global import lock (`_imp.acquire_lock`) as often as the calling thread holds it.
+    importlib takes it around each module lock's lookup and in that lock's weakref callback; a cancel that landed
+    right after the acquire left a resting job thread holding it, and the program's import at exit (torch's
+    compile-times report imports `tabulate`) waited for good: 3 of about 23 background runs of a helper's script
+    on a loaded 2-core machine (sixth round), the main thread in `_get_module_lock`. Never raises."""
+    import _imp
+
+    for _ in range(64):  # (re-entrant: once per acquire; `release_lock` raises when this thread holds none)
+        try:
+            _imp.release_lock()
+        except RuntimeError:
+            return
 
 
 def release_held_locks() -> None:

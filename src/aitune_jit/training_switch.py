@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from aitune_core.patch import Patch
-from aitune_jit.job_cancel import TuningCancelled
+from aitune_jit.job_cancel import TuningCancelled, catch_unraisable_cancels
 from aitune_jit.node_registry import registry
 
 
@@ -98,6 +98,8 @@ def watching(module: torch.nn.Module | None, job: Any) -> Iterator[None]:
 
     def stop() -> None:
         gate = job.gate
+        if not fired and gate is not None:
+            catch_unraisable_cancels()  # (raised at a function start, it can land in a finalizer)
         if not fired and gate is not None and gate.cancel(TrainingSwitched):
             fired.append(True)
             registry.log(f"{job.path}: tuning stopped: the program switched it to training mode while it was tuned "
