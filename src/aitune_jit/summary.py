@@ -46,6 +46,9 @@ _records: dict[int, TunedRecord] = {}
 _keys: weakref.WeakKeyDictionary[TreeNode, int] = weakref.WeakKeyDictionary()
 _serial = itertools.count()
 
+#: longest reason of an eager module in the exit summary (`short_reason`)
+REASON_CHARS = 300
+
 
 def _key(node: TreeNode) -> int:
     key = _keys.get(node)
@@ -118,10 +121,20 @@ def summary_lines() -> list[str]:
                          "forward")
     eager = [node for node in nodes if node.state is NodeState.EAGER]
     for node in eager[:10]:
-        lines.append(f"  ⚠️ {node.path} stayed eager: {node.reason}")
+        lines.append(f"  ⚠️ {node.path} stayed eager: {short_reason(node.reason)}")
     if len(eager) > 10:
         lines.append(f"  ... and {len(eager) - 10} more eager module(s); see PatchedModule.print_history()")
     return lines
+
+
+def short_reason(reason: str | None) -> str:
+    """`reason` on one line, cut at `REASON_CHARS`: dynamo's explanation of a graph break runs to 1.4 KB and came
+    once per break (four such lines, 6 KB of the program's stderr, for transformers' continuous batching in a
+    helper's script, sixth round); the node's history keeps the whole text."""
+    text = " ".join(str(reason or "").split())
+    if len(text) <= REASON_CHARS:
+        return text
+    return text[:REASON_CHARS].rstrip() + " ... (the whole text: PatchedModule.print_history())"
 
 
 def _env_flag(name: str) -> bool:

@@ -66,3 +66,10 @@ def test_a_forked_child_does_not_print_the_parents_summary_again(tmp_path):
                             env={**__import__("os").environ, "AITUNE_JIT_CACHE_DIR": str(tmp_path / "c")})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stderr.count("JIT tuning summary") == 1, result.stderr
+
+
+def test_a_long_reason_is_cut_on_one_line_and_a_short_one_kept_whole() -> None:
+    long = "Graph break in user code\n" + "explanation " * 200
+    text = summary.short_reason(long)
+    assert "\n" not in text and len(text) < summary.REASON_CHARS + 80 and text.endswith("print_history())")
+    assert summary.short_reason("it prints") == "it prints" and summary.short_reason(None) == ""
