@@ -380,3 +380,23 @@ def test_numpy_and_byte_buffers_edited_in_place_are_a_change_of_the_module():
         assert fingerprint(buffer) != before, type(buffer)
     big = np.zeros(10_000)
     assert fingerprint(big) == fingerprint(big)  # (too large to read per call: its size only)
+
+
+def test_writes_while_torch_compiles_and_dynamos_new_globals_are_no_change(tmp_path):
+    # a program's own torch.compile of a submodule compiling inside a recorded call writes Inductor's caches and
+    # installs dynamo's globals (`__builtins_dict___8`) where the compiled code lives: the root stayed eager
+    from torch import _guards
+
+    class _Compiling(nn.Module):
+        def forward(self, x):
+            context = _guards.CompileContext(_guards.CompileId(frame_id=0, frame_compile_id=0))
+            with _guards.compile_context(context):
+                (tmp_path / "cache.bin").write_bytes(b"code")
+            globals()["__builtins_dict___test"] = {}
+            return x + 1
+
+    try:
+        assert _watched(_Compiling(), torch.ones(2)) is None
+    finally:
+        globals().pop("__builtins_dict___test", None)
+    assert "writes outside the process" in (_watched(_Writer(tmp_path, "append"), torch.ones(2)) or "")

@@ -30,6 +30,8 @@ What is fingerprinted before the call and compared after it:
   factory while any watch runs, passes everything on unchanged, and counts only the watching threads' writes;
 - what the calling thread did to files, processes and the network, from Python's audit events (`open` for
   writing, removing or renaming files, starting a process, connecting or sending on a socket: `_WRITE_EVENTS`).
+  Writes while torch compiles on that thread (the program's own `torch.compile` of a submodule, compiling in
+  the call) are Inductor's caches and do not count.
   A helper's script on this project's CPU whose forward appended a line to a file had 16 lines after 2 calls:
   each replay wrote again before the graph break sent the module to eager. The hook (`sys.addaudithook`, which
   cannot be taken off) is added at the first watch and returns at once while no watch runs. `torch.save`, whose
@@ -253,6 +255,16 @@ def _writes(event: str, args: tuple[Any, ...]) -> bool:
     return event in _WRITE_EVENTS
 
 
+def _torch_compiles_here() -> bool:
+    """Whether torch compiles on the calling thread now (dynamo's compile context is set): the program's own
+    `torch.compile` of a submodule, compiling inside a recorded call, writes Inductor's cache files and starts its
+    compile workers - nothing a replay would do again (the code is compiled then), and taken for the forward's
+    writes they left the module eager (a helper's script, sixth round)."""
+    guards = sys.modules.get("torch._guards")
+    context = getattr(guards, "CompileContext", None)
+    return context is not None and context.try_get() is not None
+
+
 class _OutputRoute:
     """Counts what watching threads print and log, and notes what they write outside the process (see the module
     docstring); installed while any watch runs."""
@@ -273,7 +285,7 @@ class _OutputRoute:
             return
         try:
             ident = threading.get_ident()
-            if ident in self._active and _writes(event, args):
+            if ident in self._active and _writes(event, args) and not _torch_compiles_here():
                 self._wrote[ident] += 1
                 self._last[ident] = event
         except Exception:  # (an audit hook must never raise into the code that raised the event)
@@ -403,5 +415,7 @@ class OutsideEffects:
 
 def _added_global(key: tuple[str, Any]) -> bool:
     """Whether a global that is new after the call counts as a change: a new name does, a new entry of a global
-    dict does not (a cache filled by shape; the module docstring)."""
-    return not isinstance(key[1], tuple)
+    dict does not (a cache filled by shape; the module docstring), nor a new name that begins with two underscores:
+    dynamo installs its own in the globals of the code it compiles (`__builtins_dict___8`, `__compiled_fn_3`, ...;
+    the program's own `torch.compile` compiling inside a call, in a helper's script, sixth round)."""
+    return not isinstance(key[1], tuple) and not str(key[1]).startswith("__")
