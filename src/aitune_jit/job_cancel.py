@@ -148,18 +148,23 @@ def catch_unraisable_cancels() -> None:
 
 
 def _unraisable_cancel(unraisable: Any) -> None:
-    if isinstance(unraisable.exc_type, type) and issubclass(unraisable.exc_type, TuningCancelled):
-        _logger.debug("a cancelled tuning job's %s landed in %r; it is sent again", unraisable.exc_type.__name__,
-                      unraisable.object)
-        _rearm(unraisable.exc_type)
+    exc_type = unraisable.exc_type
+    if isinstance(exc_type, type) and issubclass(exc_type, TuningCancelled):
+        try:  # (a cancel sent again can land in this hook's own code: it must not print either)
+            _logger.debug("a cancelled tuning job's %s landed in %r; it is sent again", exc_type.__name__,
+                          unraisable.object)
+            if exc_type is not TuningCancelled:  # (the exit's cancel is sent again by `join_cancelled`)
+                _rearm(exc_type)
+        except BaseException:  # (nothing may escape an unraisable hook)
+            pass
         return
     previous = _previous_unraisablehook or sys.__unraisablehook__
     previous(unraisable)
 
 
 def _rearm(exc_type: type[BaseException]) -> None:
-    """A cancel the job thread's gate raised and a finalizer swallowed is raised again at the thread's next function
-    start (an asynchronous one is sent again by `join_cancelled`)."""
+    """A cancel other than the exit's (`TrainingSwitched`), raised by the job thread's gate and swallowed by a
+    finalizer, is raised again at the thread's next function start."""
     from aitune_jit import worker_yield  # (the gate's module; it imports nothing of this one)
 
     gate = worker_yield.current_gate()
