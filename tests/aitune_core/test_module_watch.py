@@ -342,3 +342,20 @@ def test_a_watch_made_while_hooks_are_on_reviews_its_first_call():
     assert watch.review(refit).divert is not None
     handle.remove()
     assert watch.review(refit).clean and not watch.stale()
+
+
+def test_a_layer_appended_or_removed_is_named_by_its_name_not_by_position():
+    # compared by position, `layers.append(...)` read as every later module changing class ("layers.2:
+    # ParameterList -> Linear"; a helper's script, sixth round)
+    net = torch.nn.Module()
+    net.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+    net.scales = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(4))])
+    tuned = ModuleSnapshot.take(net)
+    net.layers.append(torch.nn.Linear(4, 4))
+    assert ModuleSnapshot.take(net).reshape_from(tuned) == "its submodules changed (added layers.2: Linear)"
+    del net.layers[0]
+    net.layers[0] = torch.nn.Identity()
+    assert ModuleSnapshot.take(net).reshape_from(tuned) == "a submodule changed class (layers.0: Linear -> Identity)"
+    del net.layers[1]
+    del net.layers[0]
+    assert ModuleSnapshot.take(net).reshape_from(tuned) == "its submodules changed (removed layers.0, layers.1)"

@@ -125,11 +125,13 @@ class ModuleSnapshot:
     values: tuple[tuple[tuple[str, object], ...], ...] = ()
     tensor_types: tuple[type, ...] = ()  # a weight swapped for a tensor subclass (torchao's `quantize_`)
     forwards: tuple[tuple[int, int] | None, ...] = ()  # instance forwards (accelerate's hooks, a monkeypatch)
+    names: tuple[str, ...] = ()  # the submodules' qualified names, in `types`' order (to say what changed)
 
     @classmethod
     def take(cls, module: torch.nn.Module) -> ModuleSnapshot:
         tensor_swaps.install(forget_tensors)  # (its weak references must not stop `torch.utils.swap_tensors`)
-        modules = tuple(module.modules())
+        named = tuple(module.named_modules())
+        modules = tuple(sub for _name, sub in named)
         tensors = tuple([*module.parameters(), *module.buffers()])
         snapshot = cls(
             modules=tuple(weakref.ref(m) for m in modules),
@@ -143,6 +145,7 @@ class ModuleSnapshot:
             shapes=tuple(tuple(t.shape) for t in tensors),
             tensor_types=tuple(type(t) for t in tensors),
             forwards=tuple(_instance_forward(m) for m in modules),
+            names=tuple(name for name, _sub in named),
         )
         _snapshots.add(snapshot)
         return snapshot
@@ -170,17 +173,11 @@ class ModuleSnapshot:
         )
 
 
-    def reshape_from(self, tuned: ModuleSnapshot, module: torch.nn.Module) -> str | None:
+    def reshape_from(self, tuned: ModuleSnapshot) -> str | None:
         """What makes this structure another than `tuned`'s (the classes of the submodules, the shapes, dtypes and
-        devices of the parameters and buffers), in words; None when it is the same. `module`: the module this
-        snapshot was taken of (to name a changed submodule)."""
+        devices of the parameters and buffers), in words; None when it is the same."""
         if self.types != tuned.types:
-            names = [name for name, _sub in module.named_modules()]
-            for index, (now, then) in enumerate(zip(self.types, tuned.types)):
-                if now is not then:
-                    where = names[index] if index < len(names) and names[index] else "the module itself"
-                    return f"a submodule changed class ({where}: {then.__name__} -> {now.__name__})"
-            return f"its submodules changed ({len(tuned.types)} -> {len(self.types)} modules)"
+            return _tree_change(tuned, self)
         if self.shapes != tuned.shapes:
             return "a parameter or buffer changed shape"
         if self.layouts != tuned.layouts:
@@ -190,6 +187,24 @@ class ModuleSnapshot:
                               if a is not b})
             return f"a parameter or buffer became another tensor type ({', '.join(changed)})"
         return None
+
+
+def _tree_change(then: ModuleSnapshot, now: ModuleSnapshot) -> str:
+    """What differs between two trees' submodules, by qualified name: added, removed, or of another class (compared
+    by position, an appended layer was named as every later module changing class: "layers.2: ParameterList ->
+    Linear" after `layers.append(...)`, in a helper's script, sixth round)."""
+    before, after = dict(zip(then.names, then.types)), dict(zip(now.names, now.types))
+    changed = [f"{name or 'the module itself'}: {before[name].__name__} -> {cls.__name__}"
+               for name, cls in after.items() if name in before and before[name] is not cls]
+    if changed:
+        return f"a submodule changed class ({changed[0]})"
+    added = [f"{name}: {cls.__name__}" for name, cls in after.items() if name not in before]
+    removed = [name for name in before if name not in after]
+    if added or removed:
+        parts = ([f"added {', '.join(added[:3])}{' ...' if len(added) > 3 else ''}"] if added else []) + (
+            [f"removed {', '.join(removed[:3])}{' ...' if len(removed) > 3 else ''}"] if removed else [])
+        return f"its submodules changed ({'; '.join(parts)})"
+    return f"its submodules changed ({len(then.types)} -> {len(now.types)} modules)"
 
 
 def _layout_change(
@@ -269,7 +284,7 @@ class ModuleWatch:
         inherited = previous._baselines if previous is not None else {}
         self._baselines: dict[int, ModuleSnapshot] = {id(b): inherited.get(id(b), current) for b in self._baked}
         if any(not baseline.same_weights(current) for baseline in self._baselines.values()) or (
-            previous is not None and current.reshape_from(self._tuned, module) is not None
+            previous is not None and current.reshape_from(self._tuned) is not None
         ) or self._divert_reason(current) is not None:
             # a backend still needs its refit, the structure is not the tuned one, or hooks are on now (registered
             # while a background job compiled: before this watch, and the process's first tuning has no epoch
@@ -314,7 +329,7 @@ class ModuleWatch:
         self._watch_tree(module)
         current = ModuleSnapshot.take(module)
         divert = self._divert_reason(current)
-        reshaped = current.reshape_from(self._tuned, module)
+        reshaped = current.reshape_from(self._tuned)
         blocked: set[int] = set()
         for backend in self._baked:
             key = id(backend)
