@@ -140,7 +140,10 @@ def catch_unraisable_cancels() -> None:
     a step-aside gate raises at a function start: a generator closed by the collector runs Python code there (a
     `TrainingSwitched` in torch's `tree_map` generator, a helper's script, sixth round). `sys.unraisablehook`
     drops such a cancel (any `TuningCancelled`) quietly (installed by every cancel unless it is in place; other
-    unraisable exceptions go to the hook that was there), and `join_cancelled` sends it again."""
+    unraisable exceptions go to the hook that was there). The exit's cancel is sent again by `join_cancelled`; a
+    `TrainingSwitched` dropped so is not raised again (the gate that raised it is off by then on Python 3.11, and a
+    cancel re-armed inside the hook is raised in the hook): that job goes on as it did before this hook, its
+    validation replays in training mode (on the job's own random streams: `job_rng`)."""
     global _previous_unraisablehook
     if sys.unraisablehook is not _unraisable_cancel:  # (again if someone replaced it since)
         _previous_unraisablehook = sys.unraisablehook
@@ -150,27 +153,13 @@ def catch_unraisable_cancels() -> None:
 def _unraisable_cancel(unraisable: Any) -> None:
     exc_type = unraisable.exc_type
     if isinstance(exc_type, type) and issubclass(exc_type, TuningCancelled):
-        try:  # (a cancel sent again can land in this hook's own code: it must not print either)
-            _logger.debug("a cancelled tuning job's %s landed in %r; it is sent again", exc_type.__name__,
-                          unraisable.object)
-            if exc_type is not TuningCancelled:  # (the exit's cancel is sent again by `join_cancelled`)
-                _rearm(exc_type)
+        try:  # noqa: SIM105 - (a plain try: `suppress` runs Python code a cancel could land in)
+            _logger.debug("a cancelled tuning job's %s landed in %r; dropped", exc_type.__name__, unraisable.object)
         except BaseException:  # (nothing may escape an unraisable hook)
             pass
         return
     previous = _previous_unraisablehook or sys.__unraisablehook__
     previous(unraisable)
-
-
-def _rearm(exc_type: type[BaseException]) -> None:
-    """A cancel other than the exit's (`TrainingSwitched`), raised by the job thread's gate and swallowed by a
-    finalizer, is raised again at the thread's next function start."""
-    from aitune_jit import worker_yield  # (the gate's module; it imports nothing of this one)
-
-    gate = worker_yield.current_gate()
-    if gate is not None:
-        with contextlib.suppress(Exception):
-            gate.cancel(exc_type)
 
 
 #: held from import on and never released: a job thread that reaches the program's end waits on it for good

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from aitune_core.backends.module_watch import submodule_hooks
 from aitune_jit import device_guard_pin, fork_safety, replica_claims, signal_passthrough, summary, tuner, worker
 from aitune_jit.compile_exclusion import excluding_compiles
 from aitune_jit.config import jit_config
@@ -59,6 +60,7 @@ class NodeTransitions:
         if not jit_config.blocking:  # the call that made a graph ready never waits
             if not self._tuning:
                 self._tuning, self._pending = True, False
+                self._note_hooks()
                 fork_safety.install()  # (a fork while the worker compiles must not hand the child its locks)
                 worker.submit(self, NodeTransitions._tune_queued)
             return
@@ -71,6 +73,7 @@ class NodeTransitions:
                 return
             self._pending = False
             self._tuning = True
+            self._note_hooks()
             self._release_retired()
             device_guard_pin.pin()  # (this thread may end before the program: see device_guard_pin)
             try:
@@ -88,6 +91,11 @@ class NodeTransitions:
             lock.release()
         if interrupted is not None:
             raise interrupted  # (the caller raises the program's exception: `NodeRecording._recorded_call`)
+
+    def _note_hooks(self) -> None:
+        """The submodule hooks as tuning begins: the watch of the backends it builds compares (`ModuleWatch`)."""
+        module = self.module
+        self._hooks_at_tune = submodule_hooks(module) if module is not None else None
 
     def _tune_queued(self) -> None:
         """The worker's job for this node (on its job thread): tune under the root's lock and apply the outcome; the

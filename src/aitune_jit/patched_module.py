@@ -80,6 +80,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         "_follow",
         "_forward_fn",
         "_growth",
+        "_hooks_at_tune",
         "_module_ref",
         "_notes",
         "_pending",
@@ -142,6 +143,7 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         self._follow = FollowUps()
         self._pending = False
         self._tuning = False
+        self._hooks_at_tune: int | None = None  # submodule hooks when the last tuning began (`ModuleWatch`)
         self._waits: dict[str, float] = {}  # graphs another process is tuning -> when to look again (monotonic)
         self._waited: dict[str, GraphSpec] = {}  # ... -> the graph as it was when this node began to wait
         self._stateful: str | None = None  # what its forward changes in its arguments (node_recording.py)
@@ -428,7 +430,8 @@ class PatchedModule(NodeTransitions, NodeRecording, NodeViews):
         module = self.module
         old = self._dispatcher
         previous = old.watch if old is not None else None
-        watch = ModuleWatch(module, self.backends, self.path, previous) if module is not None else None
+        watch = (ModuleWatch(module, self.backends, self.path, previous, hooks_at_tune=self._hooks_at_tune)
+                 if module is not None else None)
         return GraphDispatcher(self._entries, self._fallback, self.path, on_backend_error=self._backend_failed,
                                watch=watch, original=self._original_call, warned=old.warned if old else None,
                                on_outdated=self._backends_outdated, on_code_missed=self._code_missed,

@@ -331,12 +331,14 @@ def test_a_global_hook_registered_through_a_name_imported_before_the_patches_is_
     assert watch.review(refit).clean and not watch.stale()
 
 
-def test_a_watch_made_while_hooks_are_on_reviews_its_first_call():
+def test_a_watch_made_after_hooks_came_while_its_backends_were_built_reviews_its_first_call():
     # a hook registered while a background job compiled is on before the watch exists, and the process's first
     # tuning had no epoch patches to see it: the watch looked clean and the tuned graph answered without the hook
     net = _net()
     handle = net[0].register_forward_hook(lambda *a: None)
-    watch = ModuleWatch(net, [_Backend(False)])
+    assert not ModuleWatch(net, [_Backend(False)]).stale()  # (no tune-time count: hooks there all along)
+    assert not ModuleWatch(net, [_Backend(False)], hooks_at_tune=1).stale()
+    watch = ModuleWatch(net, [_Backend(False)], hooks_at_tune=0)
     assert watch.stale()
     _calls, refit = _refits()
     assert watch.review(refit).divert is not None

@@ -297,13 +297,12 @@ def test_a_job_thread_lets_go_of_the_global_import_lock_a_cancel_left_it_holding
     assert imported == [True] and not _imp.lock_held()
 
 
-def test_a_gate_cancel_swallowed_by_a_finalizer_is_dropped_quietly_and_raised_again(monkeypatch):
+def test_a_gate_cancel_swallowed_by_a_finalizer_is_dropped_quietly(monkeypatch):
     # a TrainingSwitched raised at a function start inside a generator the collector closed printed "Exception
     # ignored in ... TrainingSwitched" on the program's stderr (a helper's script, sixth round)
     from aitune_jit.training_switch import TrainingSwitched
 
-    seen, rearmed = [], []
+    seen = []
     monkeypatch.setattr(job_cancel, "_previous_unraisablehook", seen.append)
-    monkeypatch.setattr(wy, "current_gate", lambda: SimpleNamespace(cancel=rearmed.append))
     job_cancel._unraisable_cancel(SimpleNamespace(exc_type=TrainingSwitched, object=None))
-    assert seen == [] and rearmed == [TrainingSwitched]
+    assert seen == []

@@ -259,11 +259,14 @@ class ModuleWatch:
                  "_shaped", "_tree_ids", "_tuned", "_verdict", "_versions", "name")
 
     def __init__(
-        self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "", previous: ModuleWatch | None = None
+        self, module: torch.nn.Module, backends: Iterable[Backend], name: str = "", previous: ModuleWatch | None = None,
+        hooks_at_tune: int | None = None,
     ) -> None:
         """`previous`: the watch this one replaces (the same module with backends added or dropped): backends it
         tracked keep the weights they were built or last refit with, so a backend still waiting for its refit is
-        not taken for fresh; the tune-time training flags carry over too."""
+        not taken for fresh; the tune-time training flags carry over too. `hooks_at_tune`: the submodule hooks
+        (`submodule_hooks`) when the backends' tuning began, where the owner knows it: a different count now means
+        hooks came or went while they were built."""
         module_epoch.acquire()  # first, so that a change made while the snapshot is taken moves the epoch
         weakref.finalize(self, module_epoch.release)
         self._tree_ids: list[int] = module_epoch.watch_tree(list(module.modules()))  # (before the snapshot too)
@@ -285,11 +288,12 @@ class ModuleWatch:
         self._baselines: dict[int, ModuleSnapshot] = {id(b): inherited.get(id(b), current) for b in self._baked}
         if any(not baseline.same_weights(current) for baseline in self._baselines.values()) or (
             previous is not None and current.reshape_from(self._tuned) is not None
-        ) or self._divert_reason(current) is not None:
-            # a backend still needs its refit, the structure is not the tuned one, or hooks are on now (registered
-            # while a background job compiled: before this watch, and the process's first tuning has no epoch
-            # patches to see them - a helper's script got the tuned graph's answers, unhooked, for 879 of 1600
-            # calls): the first call reviews in full
+        ) or (hooks_at_tune is not None and current.hooks != hooks_at_tune):
+            # a backend still needs its refit, the structure is not the tuned one, or hooks came or went while the
+            # backends were built (a hook registered while a background job compiled: before this watch, and the
+            # process's first tuning has no epoch patches to see it - a helper's script got the tuned graph's
+            # answers, unhooked, for 879 of 1600 calls; hooks there all along were traced into the graph, as an
+            # AOT tune of a hooked module is): the first call reviews in full
             self._epoch = self._seen = -1
         self._verdict = Verdict()
         self._noted: set[str] = set()

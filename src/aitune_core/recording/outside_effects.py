@@ -199,20 +199,26 @@ def _entries_of(value: Any) -> list[tuple[tuple[Any, ...], Any]]:
 
 def _function_parts(name: str, function: types.FunctionType) -> list[tuple[str, Any]]:
     """What a function keeps between calls: its mutable defaults and its closure's cells, as ("default <name>" /
-    "closure <name>", value). A forward's, wherever it is defined (`def forward(self, x, *, _seen=[])`: 15 after
-    6 calls under the JIT, and wrong answers); any other function's only in the program's own files (`def
-    next_id(_n=[0])` called from a forward: 17 after 8 calls; helpers' scripts, sixth round): a library's
-    decorators keep their wrapped functions in closures, not the program's state."""
-    cells = function.__closure__
-    defaults = _mutable_defaults(function)
-    if not (cells or defaults) or (name != "forward" and not _programs_own(function.__code__.co_filename)):
+    "closure <name>", value), and those of the functions its decorators wrap (`__wrapped__`: " of <qualname>"). A
+    forward's, wherever it is defined (`def forward(self, x, *, _seen=[])`: 15 after 6 calls under the JIT, and
+    wrong answers); any other function's only in the program's own files (`def next_id(_n=[0])` called from a
+    forward: 17 after 8 calls; helpers' scripts, sixth round): a library's decorators keep their wrapped functions
+    in closures, not the program's state."""
+    if name != "forward" and not _programs_own(function.__code__.co_filename):
         return []
-    parts = [(f"default {key}", value) for key, value in defaults.items()]
-    for key, cell in zip(function.__code__.co_freevars, cells or ()):
-        try:
-            parts.append((f"closure {key}", cell.cell_contents))
-        except ValueError:  # (an empty cell)
+    parts: list[tuple[str, Any]] = []
+    for depth, layer in enumerate(_unwrapped(function)):
+        cells = getattr(layer, "__closure__", None)
+        defaults = _mutable_defaults(layer)
+        if not (cells or defaults):
             continue
+        where = f" of {layer.__qualname__}" if depth else ""
+        parts.extend((f"default {key}{where}", value) for key, value in defaults.items())
+        for key, cell in zip(layer.__code__.co_freevars, cells or ()):
+            try:
+                parts.append((f"closure {key}{where}", cell.cell_contents))
+            except ValueError:  # (an empty cell)
+                continue
     return parts
 
 
