@@ -151,8 +151,12 @@ def catch_unraisable_cancels() -> None:
 
 
 def _unraisable_cancel(unraisable: Any) -> None:
-    exc_type = unraisable.exc_type
-    if isinstance(exc_type, type) and issubclass(exc_type, TuningCancelled):
+    try:  # (late in the interpreter's end this module's globals may be gone)
+        exc_type = unraisable.exc_type
+        ours = isinstance(exc_type, type) and issubclass(exc_type, TuningCancelled)
+    except BaseException:  # (nothing may escape an unraisable hook)
+        ours = False
+    if ours:
         try:  # noqa: SIM105 - (a plain try: `suppress` runs Python code a cancel could land in)
             _logger.debug("a cancelled tuning job's %s landed in %r; dropped", exc_type.__name__, unraisable.object)
         except BaseException:  # (nothing may escape an unraisable hook)
