@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -73,19 +74,21 @@ def test_serve_loop_on_cpu_measures_a_slow_first_call():
     assert d["stats"]["n"] == 10 and len(d["timed_ms"]) == 10
 
 
-def test_warm_up_limit_counts_from_the_end_of_the_first_call():
+def test_warm_up_limit_counts_from_the_end_of_the_first_call(monkeypatch):
+    # on a simulated clock: with real sleeps, a loaded machine stretched the 1 ms calls until a window of three
+    # looked settled (the full suite failed this test once)
+    clock = [0.0]
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     calls = []
 
     def fn(x):  # a slow first call (a compile), then latencies that never settle
         calls.append(x)
-        # 1, 1, 40 ms...: a spike far above what a loaded machine makes of a 1 ms sleep (with 20 ms, two 1 ms
-        # sleeps stretched under load once made a window look settled)
-        time.sleep(0.3 if len(calls) == 1 else (0.04 if len(calls) % 3 == 0 else 0.001))
+        clock[0] += 0.3 if len(calls) == 1 else (0.02 if len(calls) % 3 == 0 else 0.001)  # 1, 1, 20 ms...
         return x
 
-    result = timing.serve_loop(fn, [1], "cpu", warmup=3, iters=2, settle=3, max_warmup_s=0.6)
+    result = timing.serve_loop(fn, [1], "cpu", warmup=3, iters=2, settle=3, max_warmup_s=0.2)
     assert not result.settled
-    assert len(result.warmup_ms) > 10  # it kept warming up for 0.6 s after the compile, not 3 calls
+    assert len(result.warmup_ms) > 10  # it kept warming up for 0.2 s after the compile, not 3 calls
 
 
 def test_serve_loop_keeps_timing_until_the_minimum_duration():
