@@ -367,9 +367,12 @@ class _OutputRoute:
         self._factory = None
 
     def _record(self, factory: Any, *args: Any, **kwargs: Any) -> logging.LogRecord:
-        """The record `factory` (the one this route stood in for) makes; noted unless aitune logs it."""
+        """The record `factory` (the one this route stood in for) makes; noted unless aitune logs it, or torch
+        while it compiles on this thread (the program's own `torch.compile` inside the call: its graph-break and
+        recompile records are not the forward's output)."""
         record = factory(*args, **kwargs)
-        if not str(record.name).startswith("aitune"):
+        name = str(record.name)
+        if not name.startswith("aitune") and not (name.startswith("torch") and _torch_compiles_here()):
             self.note()
         return record
 
